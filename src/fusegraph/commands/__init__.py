@@ -1,0 +1,1 @@
+"""CLI subcommands that belong to no other part."""

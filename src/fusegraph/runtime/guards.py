@@ -1,0 +1,52 @@
+"""Checks on what a user feeds a graph: every input present, nothing extra, right shape/dtype/device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ExecutionError, where
+from ..ir import dtypes
+from ..ir.node import Node
+
+
+def resolve_feeds(inputs: Sequence[Node], feeds: Mapping[Any, Any]) -> list[torch.Tensor]:
+    """Map a feed dict (keys: handles, input Nodes or input names) to tensors in input order."""
+    by_id = {n.id: k for k, n in enumerate(inputs)}
+    by_name = {n.name: k for k, n in enumerate(inputs)}
+    out: list[Any] = [None] * len(inputs)
+    for key, value in feeds.items():
+        node = getattr(key, "node", key)
+        if isinstance(node, Node):
+            k = by_id.get(node.id)
+            label = node.name
+        else:
+            k = by_name.get(str(key))
+            label = str(key)
+        if k is None:
+            raise ExecutionError(f"feed {label!r} is not an input of this graph; inputs: "
+                                 f"{', '.join(n.name for n in inputs)}")
+        out[k] = value
+    missing = [n.name for n, v in zip(inputs, out, strict=True) if v is None]
+    if missing:
+        raise ExecutionError(f"missing feeds for inputs: {', '.join(missing)}")
+    return out
+
+
+def check_inputs(inputs: Sequence[Node], values: Sequence[Any], device: str | None = None) -> None:
+    """Raise ExecutionError naming the input and the offending value when a feed does not fit."""
+    if len(values) != len(inputs):
+        raise ExecutionError(f"expected {len(inputs)} inputs ({', '.join(n.name for n in inputs)}), "
+                             f"got {len(values)}")
+    for node, value in zip(inputs, values, strict=True):
+        label = where("input", node.name, node.source)
+        if not isinstance(value, torch.Tensor):
+            raise ExecutionError(f"{label}: expected a torch.Tensor, got {type(value).__name__}")
+        if tuple(value.shape) != node.shape:
+            raise ExecutionError(f"{label}: expected shape {node.shape}, got {tuple(value.shape)}")
+        if value.dtype != dtypes.to_torch(node.dtype):
+            raise ExecutionError(f"{label}: expected dtype {node.dtype}, got {dtypes.canonical(value.dtype)}")
+        if device is not None and value.device.type != torch.device(device).type:
+            raise ExecutionError(f"{label}: expected a tensor on {device}, got one on {value.device}")

@@ -1,0 +1,37 @@
+"""Kernel: one launch. A connected subgraph, the values it reads and writes, its source and cost."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..ir.node import Node
+from ..ir.registry import Cost
+
+LaunchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+@dataclass
+class Kernel:
+    name: str
+    kind: str                      # pointwise | reduction | matmul | convolution | attention | library | eager
+    backend: str                   # triton | reference | cublas | cudnn | eager
+    nodes: tuple[Node, ...]        # the ops fused, in order
+    inputs: tuple[Node, ...]       # values read from memory
+    outputs: tuple[Node, ...]      # values written to memory
+    cost: Cost                     # minimum bytes and FLOPs of the whole kernel
+    launch: LaunchFn               # input tensors -> output tensors
+    source: str = ""               # generated source (Triton), or a description of the library call
+    config: dict[str, Any] = field(default_factory=dict)
+    note: str = ""                 # why this backend was chosen / what fell back
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.op for n in self.nodes]
+
+    def __repr__(self) -> str:
+        return (f"Kernel({self.name}: {self.kind}/{self.backend}, {len(self.nodes)} ops, "
+                f"{self.cost.bytes} B, {self.cost.flops} FLOP)")

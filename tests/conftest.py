@@ -1,0 +1,53 @@
+"""Shared test helpers: fresh random data, relative-norm comparison with tolerances by dtype."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # generated Triton kernels run on CPU tensors
+
+import pytest
+import torch
+
+# ||out - ref|| / ||ref|| limits by the dtype of the compared output.
+TOLERANCE = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 5e-3,
+    torch.bfloat16: 2e-2,
+    torch.float8_e4m3fn: 1e-1,
+    torch.float8_e5m2: 2e-1,
+}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    return (out64 - ref64).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float | None = None, what: str = "") -> None:
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if not out.dtype.is_floating_point:
+        assert torch.equal(out.cpu(), ref.to(out.dtype).cpu()), f"{what}: values differ"
+        return
+    limit = tol if tol is not None else TOLERANCE.get(out.dtype, 1e-5)
+    err = rel_err(out, ref)
+    assert err <= limit, f"{what}: relative error {err:.3e} > {limit:.1e}"
+
+
+def rand(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu", low: float | None = None,
+         seed: int | None = None) -> torch.Tensor:
+    """Fresh random data (never zeros); `low` shifts to strictly positive values (for log/sqrt)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    t = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    if low is not None:
+        t = t.abs() + low
+    return t.to(dtype=dtype, device=device)
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
