@@ -1,20 +1,39 @@
-"""The optimization pipeline, in order. Read top to bottom."""
+"""The optimization pipeline, in order. Read top to bottom.
+
+`decompose` is not here: the fusion lowering calls it (it decides which composites to keep).
+The list runs repeatedly until a round changes nothing (at most MAX_ROUNDS rounds): simplifying
+can expose constants to fold, folding can expose identities (x * (2 - 1)), and merging
+duplicates can expose both.
+"""
 
 from __future__ import annotations
 
 from ..ir.graph import Graph
 from ..settings import settings
 from .base import Pass
+from .cse import cse
 from .dce import dce
+from .fold import fold
+from .simplify import simplify
 
 PIPELINE: list[Pass] = [
-    dce,
+    simplify,   # algebraic identities, cast/layout chains (may leave dead nodes behind)
+    fold,       # evaluate what is known at build time
+    cse,        # merge structurally equal nodes
+    dce,        # drop what no output needs
 ]
 
+MAX_ROUNDS = 4
 
-def optimize(graph: Graph, passes: list[Pass] | None = None) -> Graph:
-    for p in passes if passes is not None else PIPELINE:
-        graph = p(graph)
-        if settings.debug >= 4:
-            print(f"--- after {p.name} ---\n{graph}")
+
+def optimize(graph: Graph, passes: list[Pass] | None = None, max_rounds: int = MAX_ROUNDS) -> Graph:
+    """Run `passes` (default PIPELINE) in order, repeating until a fixed point or `max_rounds`."""
+    for _ in range(max(max_rounds, 1)):
+        before = tuple(n.id for n in graph.nodes), tuple(n.id for n in graph.outputs)
+        for p in passes if passes is not None else PIPELINE:
+            graph = p(graph)
+            if settings.debug >= 4:
+                print(f"--- after {p.name} ---\n{graph}")
+        if (tuple(n.id for n in graph.nodes), tuple(n.id for n in graph.outputs)) == before:
+            break
     return graph

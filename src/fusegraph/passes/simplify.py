@@ -1,0 +1,303 @@
+"""Algebraic simplification: one rewrite table of `(pattern, fn)` rules, tinygrad-style.
+
+A rule fires when its pattern matches a node; `fn` returns the replacement (an existing node or
+a new one) or None to decline. Every replacement is checked to have the node's shape and dtype,
+so a rule can never change a graph's types, only remove work.
+
+What counts as "exact" here (each rule says which it relies on):
+- x*1, 1*x, x/1, x-0 are bit-exact for every value, inf and nan included.
+- x+0 -> x is exact except that -0.0 + 0.0 is +0.0: like XLA and TorchInductor we do not treat
+  the sign of a zero as meaningful. x*0 -> 0 is NOT done for floats (inf*0 and nan*0 are nan,
+  -1*0 is -0.0); it is done for integer and bool results, where it is exact.
+- f(f(x)) -> x for INVOLUTION ops: exact for neg and logical_not; for reciprocal it removes two
+  roundings (the result is the mathematically intended x, within 1 ulp of what two divisions give).
+- f(f(x)) -> f(x) for IDEMPOTENT unary ops and f(x, x) -> x for IDEMPOTENT binary ops: exact.
+- cast(x, x.dtype) -> x, and cast(cast(x, a), b) -> cast(x, b) only when x -> a is lossless (every
+  value of x's dtype is exactly representable in a) AND the remaining conversion depends only on
+  the value: a -> b lossless too, or b is x's own dtype, or b is bool, or all three dtypes are
+  floats (round-to-nearest of an exact value), or all three are integers (wrap-around is modular).
+- Layout compositions (permute/transpose/reshape chains, a transpose folded into matmul's
+  trans_a/trans_b) only move data, so they are exact.
+Rules that name ops need those ops registered; a rule about an unregistered op never matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import FusegraphError
+from ..ir import dtypes
+from ..ir.emit import Emitter
+from ..ir.graph import Graph, map_nodes
+from ..ir.node import Attrs, Node
+from ..ir.registry import COMMUTATIVE, IDEMPOTENT, INVOLUTION, all_ops, get_op
+from .base import graph_pass
+
+MAX_REWRITES_PER_NODE = 16     # a bound on rule chains at one node (each rule removes work)
+ZEROS_MAX_ELEMENTS = 1 << 16   # x*0 for integers becomes a constant only up to this size
+
+
+# ---------------------------------------------------------------- patterns
+@dataclass(frozen=True)
+class Pat:
+    """Matches a node by op name(s) and/or property and, optionally, its inputs' patterns; binds
+    the matched node to `name` (a rule's fn gets the root as `node` and the bound names).
+    Inputs of COMMUTATIVE ops are also tried in the swapped order."""
+
+    op: tuple[str, ...] | None = None
+    prop: str | None = None
+    src: tuple[Pat, ...] | None = None
+    name: str | None = None
+    value: float | None = None      # match a scalar/constant whose every element equals this
+
+    def match(self, node: Node, bound: dict[str, Node] | None = None) -> dict[str, Node] | None:
+        bound = dict(bound or {})
+        if self.op is not None and node.op not in self.op:
+            return None
+        if self.prop is not None and not get_op(node.op).has(self.prop):
+            return None
+        if self.value is not None and literal_value(node) != self.value:
+            return None
+        if self.name is not None:
+            if self.name in bound and bound[self.name] is not node:
+                return None
+            bound[self.name] = node
+        if self.src is None:
+            return bound
+        if len(self.src) != len(node.inputs):
+            return None
+        orders = [node.inputs]
+        if len(node.inputs) == 2 and get_op(node.op).has(COMMUTATIVE):
+            orders.append(node.inputs[::-1])
+        for inputs in orders:
+            result: dict[str, Node] | None = bound
+            for pat, inp in zip(self.src, inputs, strict=True):
+                result = pat.match(inp, result) if result is not None else None
+            if result is not None:
+                return result
+        return None
+
+
+def P(op: str | tuple[str, ...] | None = None, *src: Pat, name: str | None = None, prop: str | None = None) -> Pat:
+    ops = (op,) if isinstance(op, str) else op
+    return Pat(op=ops, prop=prop, src=tuple(src) if src else None, name=name)
+
+
+def V(name: str) -> Pat:
+    """Any node, bound to `name` (the same name twice must be the same node)."""
+    return Pat(name=name)
+
+
+def Lit(value: float) -> Pat:
+    """A scalar or constant all of whose elements equal `value`."""
+    return Pat(value=value)
+
+
+def literal_value(node: Node) -> float | None:
+    """The value of a scalar node, or of a constant whose elements are all equal (small ones only)."""
+    if node.op == "scalar":
+        return float(node.attrs["value"])
+    if node.op == "constant":
+        value = node.attrs["value"]
+        if isinstance(value, torch.Tensor) and 0 < value.numel() <= 4096:
+            first = value.reshape(-1)[0]
+            if bool((value == first).all()):
+                return float(first.item())
+    return None
+
+
+# ---------------------------------------------------------------- helpers for rules
+def emitter_for(node: Node) -> Emitter:
+    return Emitter(prefix=f"{node.name}.", source=node.source)
+
+
+def rebuild(node: Node, op: str, inputs: Sequence[Node], **attrs: Any) -> Node | None:
+    """A new node replacing `node` (same name and source), its spec inferred; None if not valid."""
+    if op not in all_ops():
+        return None
+    try:
+        return emitter_for(node).op(op, *inputs, _name=node.name, **attrs)  # type: ignore[no-any-return]
+    except FusegraphError:
+        return None
+
+
+def same_type(a: Node, b: Node) -> bool:
+    return len(a.specs) == len(b.specs) and all(
+        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(a.specs, b.specs, strict=True))
+
+
+def zeros_like(node: Node) -> Node | None:
+    """An exact zero of node's shape and dtype, without reading anything."""
+    e = emitter_for(node)
+    if node.shape == ():
+        return e.scalar(0 if node.dtype != "bool" else False, node.dtype)
+    if node.spec.numel > ZEROS_MAX_ELEMENTS:
+        return None
+    value = torch.zeros(node.shape, dtype=dtypes.to_torch(node.dtype))
+    return Node(op="constant", inputs=(), attrs=Attrs(value=value),
+                specs=(node.spec.with_(layout=None, strides=None),), name=node.name, source=node.source)
+
+
+def lossless(src: str, dst: str) -> bool:
+    """Every value of dtype `src` is exactly representable in dtype `dst`."""
+    if src == dst or src == "bool":
+        return True
+    if dst == "bool":
+        return False
+    if dtypes.is_int(src) and dtypes.is_int(dst):
+        si, di = torch.iinfo(dtypes.to_torch(src)), torch.iinfo(dtypes.to_torch(dst))
+        return di.min <= si.min and si.max <= di.max
+    if dtypes.is_int(src) and dtypes.is_float(dst):
+        s_int, f = torch.iinfo(dtypes.to_torch(src)), torch.finfo(dtypes.to_torch(dst))
+        exact_up_to = 2.0 / f.eps          # every integer up to 2^(mantissa bits + 1) is exact
+        return max(abs(s_int.min), s_int.max) <= min(exact_up_to, f.max)
+    if dtypes.is_float(src) and dtypes.is_float(dst):
+        s, d = torch.finfo(dtypes.to_torch(src)), torch.finfo(dtypes.to_torch(dst))
+        s_sub, d_sub = s.smallest_normal * s.eps, d.smallest_normal * d.eps  # smallest subnormals
+        return d.eps <= s.eps and d.max >= s.max and d_sub <= s_sub
+    return False  # float -> int loses fractions
+
+
+def _kind(dtype: str) -> str:
+    return "float" if dtypes.is_float(dtype) else ("int" if dtypes.is_int(dtype) else dtype)
+
+
+def cast_chain_is_exact(x: str, a: str, b: str) -> bool:
+    """cast(cast(v: x, a), b) == cast(v, b) for every v (see the module docstring)."""
+    if not lossless(x, a):
+        return False
+    return lossless(a, b) or b == x or b == "bool" or _kind(x) == _kind(a) == _kind(b) != "bool"
+
+
+def permutation_of(node: Node) -> tuple[int, ...] | None:
+    """The dim permutation a permute/transpose node applies (out dim i = in dim p[i])."""
+    rank = node.inputs[0].spec.rank if node.inputs else 0
+    if node.op == "permute" and node.attrs.get("dims") is not None:
+        return tuple(int(d) % max(rank, 1) for d in node.attrs["dims"])
+    if node.op == "transpose" and "dim0" in node.attrs and "dim1" in node.attrs:
+        perm = list(range(rank))
+        d0, d1 = int(node.attrs["dim0"]) % max(rank, 1), int(node.attrs["dim1"]) % max(rank, 1)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return tuple(perm)
+    return None
+
+
+def permute_to(node: Node, x: Node, perm: tuple[int, ...]) -> Node | None:
+    """x permuted by `perm` (x itself for the identity), as a replacement for `node`."""
+    if perm == tuple(range(len(perm))):
+        return x
+    swapped = [i for i, p in enumerate(perm) if p != i]
+    if len(swapped) == 2 and "transpose" in all_ops() and "permute" not in all_ops():
+        return rebuild(node, "transpose", [x], dim0=swapped[0], dim1=swapped[1])
+    return rebuild(node, "permute", [x], dims=perm)
+
+
+def swaps_last_two(node: Node) -> bool:
+    perm = permutation_of(node) if node.op in ("permute", "transpose") else None
+    rank = len(perm) if perm is not None else 0
+    return perm is not None and rank >= 2 and perm == (*range(rank - 2), rank - 1, rank - 2)
+
+
+# ---------------------------------------------------------------- rules
+def _involution(node: Node, inner: Node, x: Node) -> Node | None:
+    return x if node.op == inner.op and node.attrs == inner.attrs and len(inner.inputs) == 1 else None
+
+
+def _idempotent_unary(node: Node, inner: Node, x: Node) -> Node | None:
+    same = node.op == inner.op and node.attrs == inner.attrs and len(inner.inputs) == 1
+    return inner if same else None
+
+
+def _int_zero(node: Node, x: Node) -> Node | None:
+    return zeros_like(node) if not dtypes.is_float(node.dtype) else None
+
+
+def _cast_same(node: Node, x: Node) -> Node | None:
+    return x if node.attrs.get("dtype") == x.dtype else None
+
+
+def _cast_chain(node: Node, inner: Node, x: Node) -> Node | None:
+    if not cast_chain_is_exact(x.dtype, inner.dtype, node.dtype):
+        return None
+    return x if node.dtype == x.dtype else rebuild(node, "cast", [x], dtype=node.dtype)
+
+
+def _permute_chain(node: Node, inner: Node, x: Node) -> Node | None:
+    p_inner, p_outer = permutation_of(inner), permutation_of(node)
+    if p_inner is None or p_outer is None or len(p_inner) != len(p_outer):
+        return None
+    return permute_to(node, x, tuple(p_inner[j] for j in p_outer))
+
+
+def _permute_identity(node: Node, x: Node) -> Node | None:
+    perm = permutation_of(node)
+    return x if perm is not None and perm == tuple(range(len(perm))) else None
+
+
+def _reshape_chain(node: Node, inner: Node, x: Node) -> Node | None:
+    return rebuild(node, "reshape", [x], **dict(node.attrs))  # row-major order is kept by both
+
+
+def _reshape_same(node: Node, x: Node) -> Node | None:
+    return x if node.shape == x.shape else None
+
+
+def _transpose_into_matmul(node: Node, a: Node, b: Node) -> Node | None:
+    inputs, attrs = [a, b], dict(node.attrs)
+    for k, flag in ((0, "trans_a"), (1, "trans_b")):
+        if swaps_last_two(inputs[k]):
+            inputs[k] = inputs[k].inputs[0]
+            attrs[flag] = not bool(attrs.get(flag, False))
+    if inputs[0] is a and inputs[1] is b:
+        return None
+    return rebuild(node, "matmul", inputs, **attrs)
+
+
+VIEWS = ("permute", "transpose")
+RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
+    # additive / multiplicative identities (x+0 ignores the sign of zero, see above)
+    (P("add", V("x"), Lit(0)), lambda node, x: x),
+    (P("sub", V("x"), Lit(0)), lambda node, x: x),
+    (P("mul", V("x"), Lit(1)), lambda node, x: x),
+    (P("div", V("x"), Lit(1)), lambda node, x: x),
+    (P("mul", V("x"), Lit(0)), _int_zero),
+    # by property: f(f(x)) = x, f(f(x)) = f(x), f(x, x) = x
+    (P(None, P(None, V("x"), name="inner", prop=INVOLUTION), prop=INVOLUTION), _involution),
+    (P(None, P(None, V("x"), name="inner", prop=IDEMPOTENT), prop=IDEMPOTENT), _idempotent_unary),
+    (P(None, V("x"), V("x"), prop=IDEMPOTENT), lambda node, x: x),
+    # casts
+    (P("cast", V("x")), _cast_same),
+    (P("cast", P("cast", V("x"), name="inner")), _cast_chain),
+    # layout
+    (P(VIEWS, P(VIEWS, V("x"), name="inner")), _permute_chain),
+    (P(VIEWS, V("x")), _permute_identity),
+    (P("reshape", P("reshape", V("x"), name="inner")), _reshape_chain),
+    (P("reshape", V("x")), _reshape_same),
+    (P("matmul", V("a"), V("b")), _transpose_into_matmul),
+]
+
+
+def simplify_node(node: Node) -> Node:
+    """Apply rules at `node` until none fires (bounded); every replacement keeps node's type."""
+    for _ in range(MAX_REWRITES_PER_NODE):
+        for pattern, fn in RULES:
+            bound = pattern.match(node)
+            if bound is None:
+                continue
+            new = fn(node, **bound)
+            if new is not None and new is not node and same_type(new, node):
+                node = new
+                break
+        else:
+            return node
+    return node
+
+
+@graph_pass("simplify")
+def simplify(graph: Graph) -> Graph:
+    """Algebraic simplification by the rewrite table RULES."""
+    return map_nodes(graph, lambda node: node if node.multi_output else simplify_node(node))
