@@ -1,0 +1,145 @@
+"""`autotune`: pick the fastest of a kernel's candidate configs on this GPU, remembering the choice.
+
+    cfg = autotune("fused_layernorm_3", {"sig": sig_hash, "shape": (M, N), "dtype": "bfloat16"},
+                   candidates, bench=lambda cfg: bench_ms(lambda: launch(cfg)), prune=too_big)
+
+Candidates come best-guess first (the cost model's order). Without timing (bench None,
+settings.autotune off, or no CUDA GPU) the first candidate is the answer. Otherwise the answer
+comes from, in order: this process's memo, the disk cache, or timing every candidate that
+`prune` keeps (`prune(cfg)` True means "do not try this one"); the timed choice is written to the cache.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import UnsupportedError
+from ..settings import settings
+from . import keys
+from .cache import CacheEntry, Timing, TuneCache
+from .config import Config
+from .progress import TuningProgress
+
+BenchFn = Callable[[Config], float]
+PruneFn = Callable[[Config], bool]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The chosen config and where it came from."""
+    config: Config
+    source: str                      # default | single | memo | cache | tuned
+    timings: tuple[Timing, ...] = ()
+    key_digest: str | None = None    # names the cache file; None when nothing was keyed
+
+    def __str__(self) -> str:
+        return f"{self.config} ({self.source})"
+
+
+_memo: dict[str, TuneResult] = {}
+_memo_lock = threading.Lock()
+
+
+def clear_memo() -> None:
+    """Forget this process's choices (the disk cache stays)."""
+    with _memo_lock:
+        _memo.clear()
+
+
+def autotune(name: str, key: Mapping[str, Any], candidates: Sequence[Config], bench: BenchFn | None, *,
+             prune: PruneFn | None = None) -> Config:
+    """The fastest candidate for `key` on this GPU (see the module doc); candidates[0] without timing."""
+    return tune(name, key, candidates, bench, prune=prune).config
+
+
+def tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mapping[str, Any]],
+         bench: BenchFn | None, *, prune: PruneFn | None = None) -> TuneResult:
+    """`autotune` returning a `TuneResult` (the config, its source, and the timings behind it)."""
+    configs = [c if isinstance(c, Config) else Config(c) for c in candidates]
+    if not configs:
+        raise ValueError(f"autotune {name!r}: no candidate configurations given")
+    if bench is None or not settings.autotune:
+        return TuneResult(configs[0], "default")
+    gpu = keys.gpu_identity()
+    if gpu is None:
+        return TuneResult(configs[0], "default")
+
+    kept = _unique([c for c in configs if prune is None or not prune(c)]) or configs[:1]
+    if len(kept) == 1:
+        return TuneResult(kept[0], "single")
+
+    full_key = keys.full_key(name, key, kept, gpu)
+    digest = keys.digest(full_key)
+    with _memo_lock:
+        remembered = _memo.get(digest)
+    if remembered is not None:
+        return replace(remembered, source="memo")
+
+    cache = TuneCache()
+    entry = cache.load(full_key)
+    if entry is not None and entry.config in kept:
+        result = TuneResult(entry.config, "cache", entry.timings, digest)
+    else:
+        start = time.perf_counter()
+        timings = _time_candidates(name, key, kept, bench)
+        best = min((t for t in timings if t.ms is not None), key=lambda t: t.ms or 0.0)
+        tuning_s = time.perf_counter() - start
+        cache.store(full_key, CacheEntry(best.config, tuple(timings), tuning_s))
+        result = TuneResult(best.config, "tuned", tuple(timings), digest)
+        if settings.debug >= 2:
+            _print_timings(name, result, tuning_s)
+    with _memo_lock:
+        _memo[digest] = result
+    return result
+
+
+def _time_candidates(name: str, key: Mapping[str, Any], configs: list[Config], bench: BenchFn) -> list[Timing]:
+    """bench() each config; one that raises (compile error, out of resources) is recorded and skipped."""
+    timings: list[Timing] = []
+    last_error: Exception | None = None
+    with TuningProgress(name, len(configs)) as progress:
+        for config in configs:
+            try:
+                ms = float(bench(config))
+                if not math.isfinite(ms) or ms < 0:
+                    raise ValueError(f"bench returned {ms!r} ms")
+                timings.append(Timing(config, ms))
+            except Exception as err:
+                last_error = err
+                timings.append(Timing(config, None, _describe(err)))
+            progress.advance(timings[-1].ms)
+    if all(t.ms is None for t in timings):
+        lines = "\n".join(f"  {t.config}: {t.error}" for t in timings)
+        raise UnsupportedError(f"kernel {name!r}: none of its {len(configs)} candidate configurations ran "
+                               f"(key {dict(key)}):\n{lines}") from last_error
+    return timings
+
+
+def _describe(err: Exception) -> str:
+    text = " ".join(str(err).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _unique(configs: list[Config]) -> list[Config]:
+    seen: set[Config] = set()
+    out = []
+    for c in configs:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def _print_timings(name: str, result: TuneResult, tuning_s: float) -> None:
+    print(f"[fusegraph] tuned {name} in {tuning_s:.2f} s: chose {result.config}", file=sys.stderr)
+    for t in sorted(result.timings, key=lambda t: math.inf if t.ms is None else t.ms):
+        what = f"{t.ms:.4f} ms" if t.ms is not None else f"failed: {t.error}"
+        print(f"    {t.config}: {what}", file=sys.stderr)

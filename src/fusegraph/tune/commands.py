@@ -1,0 +1,78 @@
+"""`fusegraph cache info` and `fusegraph cache clear`: look at and empty the tuning cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from typing import Any
+
+from .cache import TuneCache
+
+
+def add_parser(subparsers: Any) -> None:
+    cache = subparsers.add_parser("cache", help="inspect or clear the autotuning cache",
+                                  description="The autotuning cache: one file per tuned kernel, shape and "
+                                  "GPU, under FUSEGRAPH_CACHE_DIR.")
+    cache_sub = cache.add_subparsers(dest="cache_command", metavar="ACTION")
+    cache.set_defaults(func=lambda args: (cache.print_help(), 0)[1])
+
+    info = cache_sub.add_parser("info", help="where the cache is, how many entries, for which kernels")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info.set_defaults(func=run_info)
+
+    clear = cache_sub.add_parser("clear", help="remove cached tuning choices")
+    clear.add_argument("--stale", action="store_true",
+                       help="remove only entries from other library versions and unreadable ones")
+    clear.add_argument("--name", metavar="KERNEL", help="remove only the entries of this kernel")
+    clear.set_defaults(func=run_clear)
+
+
+def cache_summary(cache: TuneCache) -> dict[str, Any]:
+    found = list(cache.scan())
+    per_kernel = Counter(f.name for f in found if f.name is not None)
+    return {
+        "directory": str(cache.directory),
+        "entries": len(found),
+        "bytes": sum(f.size for f in found),
+        "stale": sum(f.stale for f in found),
+        "corrupt": sum(f.problem is not None for f in found),
+        "kernels": dict(sorted(per_kernel.items())),
+    }
+
+
+def run_info(args: argparse.Namespace) -> int:
+    summary = cache_summary(TuneCache())
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"cache directory: {summary['directory']}")
+    print(f"entries: {summary['entries']} ({_size(summary['bytes'])})")
+    if summary["stale"]:
+        print(f"stale (other library versions): {summary['stale']}")
+    if summary["corrupt"]:
+        print(f"unreadable: {summary['corrupt']} (rebuilt when used; `fusegraph cache clear --stale` removes them)")
+    if summary["kernels"]:
+        width = max(len(name) for name in summary["kernels"])
+        print("entries per kernel:")
+        for name, count in summary["kernels"].items():
+            print(f"  {name:<{width}}  {count}")
+    return 0
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    cache = TuneCache()
+    removed = cache.clear(stale_only=args.stale, name=args.name)
+    what = "stale or unreadable " if args.stale else ""
+    of = f" of kernel {args.name!r}" if args.name else ""
+    print(f"removed {removed} {what}{'entry' if removed == 1 else 'entries'}{of} from {cache.directory}")
+    return 0
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024 or unit == "MiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
