@@ -1,9 +1,11 @@
 """Constant folding: a node whose inputs are all known at build time (scalars, constants) is
 evaluated once, with the reference executor, and replaced by a `scalar` (0-d) or `constant` node.
 
-Not folded: graph inputs, RANDOM ops (not pure), results larger than `max_elements` (a folded
-tensor is read from memory at run time; a big one would also cost build-time memory), and nodes
-whose evaluation fails (the error then surfaces at execute time, where it belongs).
+Not folded: graph inputs, RANDOM ops (not pure), nodes whose evaluation fails (the error then
+surfaces at execute time, where it belongs), and results that would cost memory: larger than
+`max_elements`, or larger than the known values they are computed from (a broadcast, or a
+generator such as rand_uniform, is cheaper computed inside a kernel than read from memory),
+unless tiny (up to ALWAYS_FOLD_ELEMENTS).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..reference import run_node
 from .base import graph_pass
 
 FOLD_MAX_ELEMENTS = 1 << 20
+ALWAYS_FOLD_ELEMENTS = 64
 
 
 def is_known(node: Node) -> bool:
@@ -59,12 +62,12 @@ def fold_constants(graph: Graph, max_elements: int = FOLD_MAX_ELEMENTS) -> Graph
         opdef = get_op(node.op)
         if opdef.has(SOURCE) or opdef.has(RANDOM) or node.multi_output:
             return False
-        if sum(s.numel for s in node.specs) > max_elements:
+        computed_from = node.inputs[0] if node.op == "getitem" else node
+        if get_op(computed_from.op).has(RANDOM) or not all(is_known(i) for i in computed_from.inputs):
             return False
-        if node.op == "getitem":
-            parent = node.inputs[0]
-            return not get_op(parent.op).has(RANDOM) and all(is_known(i) for i in parent.inputs)
-        return all(is_known(i) for i in node.inputs)
+        size = node.spec.numel
+        known_size = sum(i.spec.numel for i in computed_from.inputs)
+        return size <= max_elements and (size <= ALWAYS_FOLD_ELEMENTS or size <= known_size)
 
     def fold(node: Node) -> Node:
         if not foldable(node):

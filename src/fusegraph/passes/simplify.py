@@ -38,7 +38,7 @@ from ..ir.registry import COMMUTATIVE, IDEMPOTENT, INVOLUTION, all_ops, get_op
 from .base import graph_pass
 
 MAX_REWRITES_PER_NODE = 16     # a bound on rule chains at one node (each rule removes work)
-ZEROS_MAX_ELEMENTS = 1 << 16   # x*0 for integers becomes a constant only up to this size
+ZEROS_MAX_ELEMENTS = 1 << 16   # without `expand`, x*0 for integers becomes a constant up to this size
 
 
 # ---------------------------------------------------------------- patterns
@@ -131,10 +131,13 @@ def same_type(a: Node, b: Node) -> bool:
 
 
 def zeros_like(node: Node) -> Node | None:
-    """An exact zero of node's shape and dtype, without reading anything."""
-    e = emitter_for(node)
+    """An exact zero of node's shape and dtype that reads nothing: a scalar, broadcast by `expand`
+    when that op is registered (constant folding then makes small ones a constant)."""
+    zero = emitter_for(node).scalar(False if node.dtype == "bool" else 0, node.dtype)
     if node.shape == ():
-        return e.scalar(0 if node.dtype != "bool" else False, node.dtype)
+        return zero
+    if "expand" in all_ops():
+        return rebuild(node, "expand", [zero], shape=node.shape)
     if node.spec.numel > ZEROS_MAX_ELEMENTS:
         return None
     value = torch.zeros(node.shape, dtype=dtypes.to_torch(node.dtype))

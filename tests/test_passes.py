@@ -1,0 +1,352 @@
+"""Each pass: node counts and ops before/after, and numerics (reference before vs after) on fresh data."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.ir import Graph as IRGraph
+from fusegraph.ir.registry import RANDOM, all_ops, define
+from fusegraph.passes import PIPELINE, cse, dce, fold, optimize, simplify
+from fusegraph.passes.fold import fold_constants
+from fusegraph.passes.simplify import cast_chain_is_exact, lossless
+from fusegraph.settings import override
+
+
+def ops_of(graph: IRGraph) -> Counter[str]:
+    return Counter(n.op for n in graph.nodes if n.op != "input")
+
+
+def feeds_for(graph: IRGraph) -> list[torch.Tensor]:
+    out = []
+    for n in graph.inputs:
+        dtype = fg.ir.dtypes.to_torch(n.dtype)
+        if dtype.is_floating_point:
+            out.append(rand(*n.shape, dtype=dtype))
+        elif dtype == torch.bool:
+            out.append(torch.rand(n.shape) > 0.5)
+        else:
+            out.append(torch.randint(-50, 50, n.shape, dtype=dtype))
+    return out
+
+
+def same_results(before: IRGraph, after: IRGraph, tol: float | None = None) -> None:
+    """The reference executor gives the same outputs before and after, on fresh random data."""
+    feeds = feeds_for(before)
+    outs_before = fg.reference(before)(*feeds)
+    outs_after = fg.reference(after)(*feeds)
+    if isinstance(outs_before, torch.Tensor):
+        outs_before, outs_after = (outs_before,), (outs_after,)
+    for k, (a, b) in enumerate(zip(outs_after, outs_before, strict=True)):
+        assert a.dtype == b.dtype, f"output {k}: dtype {a.dtype} != {b.dtype}"
+        assert_close(a, b, tol=tol, what=f"output {k}")
+
+
+def outputs(g: fg.Graph, *tensors: fg.Tensor) -> IRGraph:
+    for t in tensors:
+        t.set_output()
+    return g.to_ir()
+
+
+# ---------------------------------------------------------------- dce
+def test_dce_drops_nodes_no_output_needs() -> None:
+    g = fg.Graph("dce")
+    x = g.tensor((4, 8), name="x")
+    live = g.exp(x)
+    dead = g.tanh(g.sin(x))
+    ir = outputs(g, live)
+    with_dead = ir.with_(order=(*ir.nodes, dead.node.inputs[0], dead.node))
+    assert ops_of(with_dead) == Counter({"exp": 1, "sin": 1, "tanh": 1})
+    out = dce(with_dead)
+    assert ops_of(out) == Counter({"exp": 1})
+    assert out.inputs == ir.inputs and out.provenance[-1].name == "dce"
+    assert out.provenance[-1].nodes_before == 4 and out.provenance[-1].nodes_after == 2
+    same_results(with_dead, out)
+
+
+# ---------------------------------------------------------------- cse
+def test_cse_merges_equal_nodes_and_commuted_inputs() -> None:
+    g = fg.Graph("cse")
+    x, y = g.tensor((4, 8), name="x"), g.tensor((4, 8), name="y")
+    a = g.add(g.exp(x), g.exp(x))          # two equal exps
+    b = g.mul(x, y)
+    c = g.mul(y, x)                        # commutative: same as b
+    d = g.sub(x, y)
+    e = g.sub(y, x)                        # not commutative: stays
+    ir = outputs(g, a, g.add(b, c), g.add(d, e))
+    assert ops_of(ir) == Counter({"exp": 2, "add": 3, "mul": 2, "sub": 2})
+    out = cse(ir)
+    assert ops_of(out) == Counter({"exp": 1, "add": 3, "mul": 1, "sub": 2})
+    same_results(ir, out)
+
+
+def test_cse_keeps_different_attrs_and_scalar_types_apart() -> None:
+    g = fg.Graph("cse_attrs")
+    x = g.tensor((4, 8), name="x")
+    s0, s1 = g.sum(x, 0), g.sum(x, 1)                 # different dims
+    p, n = g.add(x, 0.0), g.add(x, -0.0)              # +0.0 and -0.0 are different values
+    i = g.tensor((4, 8), dtype="int32", name="i")
+    ia, ib = g.mul(i, 2), g.mul(i, 2)                  # equal: merge
+    ir = outputs(g, s0, s1, p, n, ia, ib)
+    out = cse(ir)
+    assert ops_of(out)["sum"] == 2 and ops_of(out)["add"] == 2 and ops_of(out)["mul"] == 1
+    assert out.outputs[4] is out.outputs[5]
+    same_results(ir, out)
+
+
+def _random_op() -> str:
+    name = "test_noise"
+    if name not in all_ops():
+        define(name, lambda specs, a: specs[0], lambda xs, a: xs[0] + torch.randn_like(xs[0]),
+               props={RANDOM}, doc="test-only: x plus fresh noise")
+    return name
+
+
+def test_cse_never_merges_random_ops() -> None:
+    op = _random_op()
+    g = fg.Graph("cse_random")
+    x = g.tensor((16,), name="x")
+    a, b = g._apply(op, x), g._apply(op, x)
+    ir = outputs(g, g.sub(a, b))
+    out = cse(ir)
+    assert ops_of(out)[op] == 2
+    assert ops_of(fold(ir))[op] == 2
+
+
+# ---------------------------------------------------------------- fold
+def test_fold_evaluates_scalar_and_constant_arithmetic() -> None:
+    g = fg.Graph("fold")
+    x = g.tensor((4, 8), name="x")
+    k = g.mul(g.add(g.constant(2.0), g.constant(3.0)), 0.5)          # 2.5, a scalar
+    w = g.exp(g.constant(torch.arange(8, dtype=torch.float32) / 8))  # a constant vector
+    ir = outputs(g, g.add(g.mul(x, k), w))
+    assert ops_of(ir) == Counter({"scalar": 3, "add": 2, "mul": 2, "exp": 1, "constant": 1})
+    out = fold(ir)
+    assert ops_of(out) == Counter({"scalar": 1, "constant": 1, "mul": 1, "add": 1})
+    scalar = next(n for n in out.nodes if n.op == "scalar")
+    assert scalar.attrs["value"] == 2.5 and scalar.dtype == "float32"
+    const = next(n for n in out.nodes if n.op == "constant")
+    assert torch.allclose(const.attrs["value"], torch.exp(torch.arange(8) / 8))
+    same_results(ir, out)
+
+
+def test_fold_keeps_low_precision_semantics() -> None:
+    g = fg.Graph("fold_bf16")
+    x = g.tensor((8,), dtype="bfloat16", name="x")
+    c = g.constant(torch.tensor([1.0, 3.0, 7.0, 1e-3, 100.0, 2.0, 0.5, 9.0], dtype=torch.bfloat16))
+    ir = outputs(g, g.mul(x, g.sqrt(c)))
+    out = fold(ir)
+    assert ops_of(out) == Counter({"constant": 1, "mul": 1})
+    assert next(n for n in out.nodes if n.op == "constant").dtype == "bfloat16"
+    feeds = feeds_for(ir)
+    assert torch.equal(fg.reference(ir)(*feeds), fg.reference(out)(*feeds))
+
+
+def test_fold_never_folds_inputs_or_grows_memory() -> None:
+    g = fg.Graph("fold_limits")
+    x = g.tensor((4, 8), name="x")
+    big = g.expand(g.constant(1.5), 64, 64)                     # a broadcast: cheaper computed
+    small = g.exp(g.constant(torch.ones(16)))                  # 16 elements: folds
+    ir = outputs(g, g.exp(x), big, small)
+    out = fold(ir)
+    assert ops_of(out)["exp"] == 1 and ops_of(out)["expand"] == 1
+    capped = fold_constants(ir, max_elements=8)                # the size cap
+    assert ops_of(capped)["exp"] == 2
+    same_results(ir, out)
+
+
+# ---------------------------------------------------------------- simplify
+def test_simplify_identities() -> None:
+    g = fg.Graph("identities")
+    x = g.tensor((4, 8), name="x")
+    a = g.mul(g.add(x, 0.0), 1.0)              # x
+    b = g.div(g.sub(a, 0), 1)                  # x
+    c = g.mul(1.0, g.add(0, b))                # commuted forms: x
+    ir = outputs(g, g.exp(c))
+    assert ops_of(ir)["exp"] == 1 and len(ir.nodes) == 14
+    out = simplify(ir)
+    assert ops_of(out) == Counter({"exp": 1})
+    assert out.outputs[0].inputs[0] is ir.inputs[0]
+    same_results(ir, out)
+
+
+def test_simplify_does_not_change_types_by_broadcast_or_promotion() -> None:
+    g = fg.Graph("typed")
+    x = g.tensor((8,), name="x")
+    h = g.tensor((8,), dtype="float16", name="h")
+    ones = g.constant(torch.ones(4, 8))
+    a = g.mul(x, ones)                                         # broadcasts to (4, 8): stays
+    b = g.add(h, g.constant(torch.zeros(8, dtype=torch.float32)))  # promotes to float32: stays
+    ir = outputs(g, a, b)
+    out = simplify(ir)
+    assert ops_of(out) == ops_of(ir)
+    same_results(ir, out)
+
+
+def test_times_zero_only_for_integers() -> None:
+    g = fg.Graph("zero")
+    x = g.tensor((4, 8), name="x")
+    i = g.tensor((4, 8), dtype="int32", name="i")
+    fx, ix = g.mul(x, 0.0), g.mul(0, i)
+    ir = outputs(g, fx, ix)
+    out = simplify(ir)
+    assert out.outputs[0].op == "mul"                          # inf * 0 is nan: kept
+    zeros = out.outputs[1]
+    assert zeros.op == "expand" and zeros.inputs[0].op == "scalar" and zeros.inputs[0].attrs["value"] == 0
+    assert ops_of(out) == Counter({"mul": 1, "expand": 1, "scalar": 2})   # i is no longer read
+    feeds = [torch.tensor([float("inf")]).expand(4, 8).clone(), torch.randint(-9, 9, (4, 8), dtype=torch.int32)]
+    before, after = fg.reference(ir)(*feeds), fg.reference(out)(*feeds)
+    assert torch.isnan(after[0]).all() and torch.isnan(before[0]).all()
+    assert torch.equal(after[1], torch.zeros(4, 8, dtype=torch.int32))
+
+
+def test_involutions_and_idempotents_by_property() -> None:
+    g = fg.Graph("props")
+    x = g.tensor((4, 8), name="x")
+    b = g.tensor((4, 8), dtype="bool", name="b")
+    a = g.neg(g.neg(x))                                    # x
+    r = g.relu(g.relu(g.abs(g.abs(x))))                    # relu(abs(x))
+    m = g.maximum(x, x)                                    # x
+    n = g.logical_not(g.logical_not(b))                    # b
+    ir = outputs(g, g.add(a, r), m, n)
+    out = simplify(ir)
+    assert ops_of(out) == Counter({"add": 1, "relu": 1, "abs": 1})
+    assert out.outputs[1] is out.inputs[0] and out.outputs[2] is out.inputs[1]
+    same_results(ir, out)
+
+
+@pytest.mark.parametrize(("x", "a", "b", "exact"), [
+    ("bfloat16", "float32", "bfloat16", True),     # round trip through a wider type
+    ("float16", "float32", "bfloat16", True),      # exact first step, then one rounding
+    ("float32", "bfloat16", "float32", False),     # first step rounds
+    ("float32", "float16", "bfloat16", False),     # double rounding
+    ("int8", "int32", "int16", True),              # integers: modular
+    ("int32", "int8", "int32", False),             # first step wraps
+    ("int8", "float32", "int32", False),           # float -> int after int: not kept
+    ("int8", "float16", "int8", True),             # round trip
+    ("float32", "float64", "bool", True),
+    ("float32", "int32", "float32", False),        # truncation
+])
+def test_cast_chain_exactness(x: str, a: str, b: str, exact: bool) -> None:
+    assert cast_chain_is_exact(x, a, b) is exact
+    g = fg.Graph("casts")
+    t = g.tensor((64,), dtype=x, name="t")
+    ir = outputs(g, g.cast(g.cast(t, a), b))
+    out = simplify(ir)
+    assert ops_of(out)["cast"] == (2 if not exact else (0 if b == x else 1))
+    feeds = feeds_for(ir)
+    if dtypes_is_float(x):
+        feeds = [(feeds[0].float() * 37).to(feeds[0].dtype)]   # values that exercise rounding
+    assert torch.equal(fg.reference(ir)(*feeds), fg.reference(out)(*feeds))
+
+
+def dtypes_is_float(name: str) -> bool:
+    return name.startswith(("float", "bfloat"))
+
+
+def test_lossless_table() -> None:
+    assert lossless("float16", "float32") and lossless("bfloat16", "float32")
+    assert not lossless("float16", "bfloat16") and not lossless("bfloat16", "float16")
+    assert lossless("int16", "float32") and not lossless("int32", "float32")
+    assert lossless("uint8", "int16") and not lossless("int8", "uint8")
+    assert not lossless("float32", "int64") and not lossless("float32", "bool")
+
+
+def test_cast_to_same_dtype_is_removed() -> None:
+    g = fg.Graph("cast_same")
+    x = g.tensor((4,), name="x")
+    ir = outputs(g, g.exp(g.cast(x, "float32")))
+    assert ops_of(simplify(ir)) == Counter({"exp": 1})
+
+
+def test_permute_and_transpose_chains_compose() -> None:
+    g = fg.Graph("perm")
+    x = g.tensor((2, 3, 4), name="x")
+    a = g.permute(g.permute(x, 2, 0, 1), 1, 2, 0)         # identity
+    b = g.transpose(g.transpose(x, 0, 1), 1, 0)           # identity
+    c = g.transpose(g.permute(x, 1, 0, 2), 0, 2)          # one permute
+    d = g.permute(x, 0, 1, 2)                             # identity
+    ir = outputs(g, g.add(a, b), c, g.exp(d))
+    assert ops_of(ir) == Counter({"permute": 4, "transpose": 3, "add": 1, "exp": 1})
+    out = simplify(ir)
+    assert ops_of(out) == Counter({"permute": 1, "add": 1, "exp": 1})
+    assert next(n for n in out.nodes if n.op == "permute").attrs["dims"] == (2, 0, 1)
+    same_results(ir, out)
+
+
+def test_reshape_chains() -> None:
+    g = fg.Graph("reshape")
+    x = g.tensor((2, 3, 4), name="x")
+    a = g.reshape(g.reshape(g.reshape(x, 6, 4), 4, 6), 3, 8)
+    b = g.reshape(x, 2, 3, 4)
+    c = g.reshape(g.reshape(x, 24), 2, 3, 4)
+    ir = outputs(g, a, g.add(b, c))
+    out = simplify(ir)
+    assert ops_of(out) == Counter({"reshape": 1, "add": 1})
+    assert out.outputs[0].inputs[0] is out.inputs[0]
+    same_results(ir, out)
+
+
+def test_transpose_folds_into_matmul_flags() -> None:
+    g = fg.Graph("mm")
+    a = g.tensor((2, 8, 4), name="a")
+    b = g.tensor((2, 5, 8), name="b")
+    y = g.matmul(g.transpose(a, -1, -2), g.transpose(b, 1, 2))   # a^T @ b^T
+    z = g.matmul(g.permute(a, 0, 2, 1), b, transpose_b=True)      # permute of the last two dims
+    ir = outputs(g, y, z)
+    out = simplify(ir)
+    assert ops_of(out) == Counter({"matmul": 2})
+    flags = [(n.attrs["trans_a"], n.attrs["trans_b"]) for n in out.outputs]
+    assert flags == [(True, True), (True, True)]
+    same_results(ir, out)
+
+
+# ---------------------------------------------------------------- pipeline
+def test_pipeline_order_and_fixed_point() -> None:
+    assert [p.name for p in PIPELINE] == ["simplify", "fold", "cse", "dce"]
+    g = fg.Graph("pipeline")
+    x = g.tensor((4, 8), name="x")
+    one = g.sub(g.constant(2.0), g.constant(1.0))   # fold -> 1.0, then simplify x*1 -> x
+    a = g.exp(g.mul(x, one))
+    b = g.exp(x)                                    # then cse merges a and b
+    ir = outputs(g, g.add(a, b))
+    out = optimize(ir)
+    assert ops_of(out) == Counter({"exp": 1, "add": 1})
+    names = [r.name for r in out.provenance]
+    assert names[:4] == ["simplify", "fold", "cse", "dce"] and len(names) % 4 == 0 and len(names) >= 8
+    assert len(optimize(out).provenance) == len(out.provenance) + 4    # already a fixed point: one round
+    same_results(ir, out)
+
+
+def test_passes_are_pure_and_verified_between_passes() -> None:
+    g = fg.Graph("pure")
+    x = g.tensor((4, 8), name="x")
+    ir = outputs(g, g.mul(g.neg(g.neg(x)), 1.0))
+    nodes = ir.nodes
+    with override(verify=True):
+        out = optimize(ir)
+    assert ir.nodes == nodes and ir.provenance == ()
+    assert len(out.nodes) == 1   # only the input is left
+
+
+def test_a_pass_that_breaks_the_graph_is_caught_by_the_verifier() -> None:
+    from fusegraph.ir import Node
+    from fusegraph.passes import graph_pass
+
+    @graph_pass("broken")
+    def broken(graph: IRGraph) -> IRGraph:
+        out = graph.outputs[0]
+        wrong = out.replace(specs=(out.spec.with_(shape=(3,)),))   # a spec the op does not infer
+        return graph.with_(outputs=(wrong,))
+
+    g = fg.Graph("broken")
+    x = g.tensor((4,), name="x")
+    ir = outputs(g, g.exp(x))
+    broken(ir)  # verification off: no check
+    with override(verify=True), pytest.raises(fg.GraphError, match="after pass broken"):
+        broken(ir)
+    assert isinstance(ir.outputs[0], Node)
