@@ -23,6 +23,11 @@ class UnsupportedError(FusegraphError):
     """A valid request fusegraph cannot serve (yet)."""
 
 
+class InvalidValueError(FusegraphError, ValueError):
+    """An attribute or constant value out of range: non-finite or non-positive scales,
+    probabilities outside [0, 1], seeds out of range."""
+
+
 class ExecutionError(FusegraphError):
     """Bad inputs at execute time: missing or extra feeds, wrong shape, dtype or device."""
 

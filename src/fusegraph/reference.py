@@ -30,6 +30,8 @@ def run_node(node: Node, args: list[torch.Tensor], compute_dtype: str, device: t
         raise
     except Exception as err:  # a torch error inside an op: name the node
         raise ExecutionError(f"{where(node.op, node.name, node.source)}: reference failed: {err}") from err
+    if not node.inputs and device is not None and isinstance(out, torch.Tensor):
+        out = out.to(device)  # generators (iota, rand_uniform) have no input to take a device from
     if node.multi_output:
         return tuple(o.to(dtypes.to_torch(s.dtype)) for o, s in zip(out, node.specs, strict=True))
     if node.op in ("getitem",):
