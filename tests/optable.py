@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import fusegraph as fg
-from fusegraph.ir import dtypes as fg_dtypes
 from conftest import assert_close, rand
+from fusegraph.ir import dtypes as fg_dtypes
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Maker = Callable[[torch.dtype], torch.Tensor]

@@ -209,6 +209,7 @@ def test_exact_costs() -> None:
     fwd = 4 * 2 * 4 * 8 * 8 * 16 // 2
     assert _cost(out) == (2 * (2 * 4 * 8 * 16 * 2 + 2 * 2 * 2 * 8 * 16), fwd)
     dq, dk, dv = g.sdpa_backward(out, q, kv, kv, out, is_causal=True, enable_gqa=True)
+    assert (dq.shape, dk.shape, dv.shape) == ((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))
     bytes_in = 2 * (3 * 2 * 4 * 8 * 16 + 2 * 2 * 2 * 8 * 16)
     assert _cost_of_multi(dq) == (bytes_in + 2 * (2 * 4 * 8 * 16 + 2 * 2 * 2 * 8 * 16), fwd * 5 // 2)
 
