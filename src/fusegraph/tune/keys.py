@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import numbers
 import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,10 +44,14 @@ def canonical(value: Any, where: str = "key") -> Any:
                 raise TypeError(f"{where}: key {k!r} must be a str")
             out[k] = canonical(value[k], f"{where}.{k}")
         return out
-    if isinstance(value, (list, tuple)) or _is_torch_size(value):
+    if isinstance(value, (list, tuple)):  # torch.Size is a tuple
         return [canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if _is_torch_dtype(value):
         return str(value).removeprefix("torch.")
+    if isinstance(value, numbers.Integral):  # numpy integers in shapes
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return canonical(float(value), where)
     raise TypeError(f"{where}: {type(value).__name__} value {value!r} cannot be part of a tuning key; "
                     "use str, int, float, bool, None, lists, tuples, dicts or torch dtypes")
 
@@ -54,11 +59,6 @@ def canonical(value: Any, where: str = "key") -> Any:
 def _is_torch_dtype(value: Any) -> bool:
     import torch
     return isinstance(value, torch.dtype)
-
-
-def _is_torch_size(value: Any) -> bool:
-    import torch
-    return isinstance(value, torch.Size)
 
 
 def canonical_json(value: Any) -> str:
