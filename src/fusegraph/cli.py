@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
+
 # module paths that define add_parser(subparsers); each sets `func` on its parser.
 COMMAND_MODULES = (
     "fusegraph.commands.demo",
@@ -19,6 +21,7 @@ COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fusegraph", description="fusegraph: a deep-learning graph compiler "
                                      "for NVIDIA GPUs.")
+    parser.add_argument("--version", action="version", version=f"fusegraph {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for path in COMMAND_MODULES:
         try:
