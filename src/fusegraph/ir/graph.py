@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..errors import GraphError
+from ..errors import GraphError, where
 from .node import Node
 
 
@@ -37,7 +37,9 @@ def topological_order(outputs: Iterable[Node], extra: Iterable[Node] = ()) -> tu
                 child = node.inputs[i]
                 s = state.get(child.id)
                 if s == 1:
-                    raise GraphError(f"cycle through node '{child.name}' (op {child.op})")
+                    path = " -> ".join(n.name for n, _ in stack[[n.id for n, _ in stack].index(child.id):])
+                    raise GraphError(f"{where(child.op, child.name, child.source)}: is part of a cycle "
+                                     f"({path} -> {child.name}); a graph must be acyclic")
                 if s is None:
                     state[child.id] = 1
                     stack.append((child, 0))
