@@ -23,7 +23,7 @@ import torch
 
 from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..ir import dtypes
-from ..ir.emit import Emitter
+from ..ir.emit import Emitter, user_source_line
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMPOSITE, Cost, define
 from ..ir.spec import TensorSpec
@@ -214,15 +214,16 @@ define("dequantize", _dequantize_infer, _dequantize_ref, num_inputs=(1, 2), prop
        cost_fn=_quant_cost(1), decompose=_dequantize_dec, doc="q * scale, cast to attrs['dtype'].")
 
 
-def _constant_value_check(scale: Any) -> None:
+def _constant_value_check(scale: Any, op: str) -> None:
     """A scale given as a graph constant is checked when the graph is built."""
     node = getattr(scale, "node", None)
     if node is not None and node.op in ("constant", "scalar"):
         value = node.attrs["value"]
-        t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-        if not (torch.isfinite(t.double()).all() and (t.double() > 0).all()):
-            bad = t.flatten()[~(torch.isfinite(t.double().flatten()) & (t.double().flatten() > 0))]
-            raise InvalidValueError(f"constant scale '{node.name}' must be finite and > 0, got {bad[:4].tolist()}")
+        t = (value if isinstance(value, torch.Tensor) else torch.tensor(value)).double().flatten()
+        bad = t[~(torch.isfinite(t) & (t > 0))]
+        if bad.numel():
+            raise InvalidValueError(f"op {op} (at {user_source_line()}): constant scale '{node.name}' must be "
+                                    f"finite and > 0, got {bad[:4].tolist()}")
 
 
 class QuantMethods:
@@ -234,10 +235,10 @@ class QuantMethods:
         """(q, scale): q = saturate(round(x / scale)); scale = amax / dtype max unless given."""
         attrs: dict[str, Any] = {"dtype": dtypes.canonical(dtype), "granularity": granularity,
                                  "block_size": block_size}
-        if isinstance(scale, int | float):
-            return self._apply("quantize", x, scale=check_scale_value(scale), name=name, **attrs)
+        if isinstance(scale, int | float):  # checked by the shape rule, which names the node
+            return self._apply("quantize", x, scale=scale, name=name, **attrs)
         if scale is not None:
-            _constant_value_check(scale)
+            _constant_value_check(scale, "quantize")
             return self._apply("quantize", x, scale, name=name, **attrs)
         return self._apply("quantize", x, name=name, **attrs)
 
@@ -247,6 +248,6 @@ class QuantMethods:
         attrs: dict[str, Any] = {"dtype": dtypes.canonical(dtype), "granularity": granularity,
                                  "block_size": block_size}
         if isinstance(scale, int | float):
-            return self._apply("dequantize", q, scale=check_scale_value(scale), name=name, **attrs)
-        _constant_value_check(scale)
+            return self._apply("dequantize", q, scale=scale, name=name, **attrs)
+        _constant_value_check(scale, "dequantize")
         return self._apply("dequantize", q, scale, name=name, **attrs)

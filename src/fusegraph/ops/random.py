@@ -191,7 +191,7 @@ class RandomMethods:
                 seed: int = 0, offset: int = 0, name: str | None = None) -> Any:
         """F.dropout, seeded: the same (seed, offset) drops the same elements in every backend.
         `inplace` is accepted for signature compatibility (graphs are functional)."""
-        _check_p(p)
         if not training:
+            _check_p(p)
             return input
-        return self._apply("dropout", input, p=float(p), seed=seed, offset=offset, name=name)
+        return self._apply("dropout", input, p=p, seed=seed, offset=offset, name=name)
