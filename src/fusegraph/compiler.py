@@ -8,10 +8,15 @@ from typing import Any
 
 import torch
 
+from .errors import ExecutionError, FusegraphError, where
 from .ir.graph import Graph
+from .ir.node import Node
+from .ir.registry import SOURCE, get_op
+from .ir.spec import TensorSpec
 from .ir.verify import verify
-from .lower import lower_reference
+from .lower import lower_fused, lower_reference
 from .passes import optimize
+from .passes.decompose import decompose_graph
 from .runtime.plan import Plan
 from .settings import settings
 
@@ -24,14 +29,56 @@ def default_device(hint: str | None = None) -> str:
 
 def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequence[Any] = (),
                   output_handles: Sequence[Any] = (), **options: Any) -> Plan:
-    """Optimize and lower `graph` for `device`; returns a runnable Plan."""
+    """Optimize, decompose, partition and generate kernels for `device`; returns a runnable Plan.
+
+    Options: static (a call with another input signature raises instead of rebuilding),
+    fuse (False: one reference kernel per op), max_row_block (widest row held whole in registers),
+    keep_composites (composite ops not to decompose), fast_launch (direct launches on CUDA).
+    """
     device = default_device(device)
     verify(graph)
     optimized = optimize(graph)
-    kernels = lower_reference(optimized)
-    plan = Plan(optimized, kernels, device, input_handles, output_handles)
+    primitive = optimize(decompose_graph(optimized, frozenset(options.get("keep_composites", ()))))
+    if options.get("fuse", True):
+        kernels = lower_fused(primitive, device, options)
+    else:
+        kernels = lower_reference(primitive)
+
+    def rebuild(specs: Sequence[TensorSpec]) -> Plan:
+        return compile_graph(respecialize(graph, specs), device, input_handles, output_handles, **options)
+
+    plan = Plan(primitive, kernels, device, input_handles, output_handles,
+                static=bool(options.get("static", False)), rebuild=rebuild)
     _dump(plan)
     return plan
+
+
+def respecialize(graph: Graph, specs: Sequence[TensorSpec]) -> Graph:
+    """The same graph for other input specs (shapes, dtypes, strides), every node re-inferred."""
+    mapping: dict[int, Node] = {}
+    new_inputs = []
+    for node, spec in zip(graph.inputs, specs, strict=True):
+        mapping[node.id] = node.replace(specs=(spec,))
+        new_inputs.append(mapping[node.id])
+    for node in graph.nodes:
+        if node.id in mapping:
+            continue
+        inputs = tuple(mapping[i.id] for i in node.inputs)
+        opdef = get_op(node.op)
+        if opdef.has(SOURCE):
+            mapping[node.id] = node
+            continue
+        try:
+            if node.op == "getitem":
+                out_specs: tuple[TensorSpec, ...] = (inputs[0].specs[node.attrs["index"]],)
+            else:
+                out = opdef.infer([i.spec for i in inputs], node.attrs)
+                out_specs = out if isinstance(out, tuple) else (out,)
+        except FusegraphError as err:
+            raise ExecutionError(f"{where(node.op, node.name, node.source)}: the graph cannot be rebuilt "
+                                 f"for inputs {', '.join(str(s) for s in specs)}: {err}") from None
+        mapping[node.id] = node.replace(inputs=inputs, specs=out_specs)
+    return Graph(graph.name, tuple(new_inputs), tuple(mapping[n.id] for n in graph.outputs), graph.compute_dtype)
 
 
 def _dump(plan: Plan) -> None:

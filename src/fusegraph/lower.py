@@ -1,40 +1,182 @@
-"""Lowering: turn an optimized Graph into Kernels. The reference lowering runs each op with
-torch (one 'kernel' per op); the fusion compiler replaces it with partitioned, generated kernels."""
+"""Lowering: turn an optimized, decomposed Graph into Kernels.
+
+Fused groups from the partitioner get generated Triton kernels; ops without code generation run
+by their torch reference inside the same plan. Whatever fails to generate or compile falls back
+to the reference for that kernel, with a warning, never an error. On CPU without the Triton
+interpreter the planned kernels run through the reference, while `plan.kernels` still describes
+the Triton kernels that were planned.
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .codegen.compile import interpreting, load_triton_function
+from .codegen.configs import candidate_configs, launch_parameters
+from .codegen.triton_gen import generate
+from .fusion.partition import KernelGroup, is_literal, partition_graph
+from .ir import dtypes
 from .ir.graph import Graph
 from .ir.node import Node
-from .ir.registry import get_op
+from .ir.registry import Cost, get_op
 from .reference import run_node
 from .runtime.kernel import Kernel
+from .runtime.launch import TritonLaunch
+from .settings import settings
+
+
+class FusionFallbackWarning(UserWarning):
+    """A fused kernel could not be generated or compiled; it runs through the reference."""
 
 
 def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note: str = "") -> Kernel:
     """A kernel that runs one node with its reference implementation (also the eager fallback)."""
     inputs = tuple(i for i in node.inputs)
     opdef = get_op(node.op)
+    dense = None if node.multi_output else node.spec.memory_strides
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
         device = args[0].device if args else None
         out = run_node(node, list(args), compute_dtype, device)
+        if dense is not None and isinstance(out, torch.Tensor) and out.stride() != dense and out.numel() > 1:
+            out = torch.empty_strided(out.shape, dense, dtype=out.dtype, device=out.device).copy_(out)
         return [out]
 
     cost = opdef.cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
-    return Kernel(name=f"{backend}_{node.name}", kind="eager" if backend == "eager" else "reference",
+    return Kernel(name=f"{backend}_{node.name}", kind="eager" if backend == "eager" else "library",
                   backend=backend, nodes=(node,), inputs=inputs, outputs=(node,), cost=cost,
                   launch=launch, source=f"# {node.op} via torch reference", note=note)
 
 
 def lower_reference(graph: Graph) -> list[Kernel]:
+    return [node_kernel(node, graph.compute_dtype) for node in graph.nodes if node.op != "input"]
+
+
+def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None) -> list[Kernel]:
+    """Partition `graph` and turn each group into a kernel."""
+    options = options or {}
     kernels = []
-    for node in graph.nodes:
-        if node.op == "input":
-            continue
-        kernels.append(node_kernel(node, graph.compute_dtype))
+    for k, item in enumerate(partition_graph(graph).items):
+        if isinstance(item, Node):
+            kernels.append(node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
+        else:
+            kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
     return kernels
+
+
+def group_cost(group: KernelGroup) -> Cost:
+    """What the kernel must move (each value read once, each output written once) and its FLOPs."""
+    nbytes = sum(n.spec.nbytes for n in group.inputs) + sum(e.node.spec.nbytes for e in group.stores)
+    flops = 0
+    for node in group.nodes:
+        flops += get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs).flops
+    return Cost(nbytes, flops)
+
+
+def reference_launch(group: KernelGroup, compute_dtype: str) -> Any:
+    """Run a group's nodes one by one with torch (CPU path and fallback)."""
+    inputs = group.inputs
+    literals = list({e.node.id: e.node for e in group.entries if e.kind == "literal"}.values())
+    nodes = group.nodes
+    outputs = [e.node for e in group.stores]
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        device = args[0].device if args else None
+        env = {n.id: a for n, a in zip(inputs, args, strict=True)}
+        for n in literals:
+            env[n.id] = run_node(n, [], compute_dtype, device)
+        for n in nodes:
+            env[n.id] = run_node(n, [env[i.id] for i in n.inputs], compute_dtype, device)
+        return [env[o.id].contiguous() for o in outputs]
+
+    return launch
+
+
+def fused_kernel(group: KernelGroup, name: str, compute_dtype: str, device: str,
+                 options: dict[str, Any]) -> Kernel:
+    cost = group_cost(group)
+    kernel = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
+                    inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=cost,
+                    launch=reference_launch(group, compute_dtype))
+    try:
+        gen = generate(group, name)
+    except Exception as err:  # codegen must never take the plan down
+        return _fallback(kernel, f"code generation failed: {type(err).__name__}: {err}")
+    kernel.source = gen.source
+    candidates = candidate_configs(gen, options)
+    kernel.config = dict(candidates[0])
+    run_triton = settings.use_triton and (device.startswith("cuda") or interpreting())
+    if not run_triton:
+        kernel.note = "planned as Triton; runs through the reference on this device"
+        return kernel
+    try:
+        fn = load_triton_function(gen.source, name)
+        config = _choose_config(fn, gen, candidates, device, options)
+        grid, constexprs, num_warps = launch_parameters(gen, config)
+        launcher = TritonLaunch(fn, grid, constexprs, num_warps, gen.outputs, device,
+                                fast=options.get("fast_launch", True))
+        if options.get("check_compile", True) and not interpreting():
+            launcher(_example_inputs(gen.inputs, device))  # compile now: failures fall back here
+    except Exception as err:
+        return _fallback(kernel, f"Triton compilation failed: {type(err).__name__}: {err}")
+    kernel.config = dict(config)
+    kernel.launch = launcher
+    return kernel
+
+
+def _fallback(kernel: Kernel, why: str) -> Kernel:
+    warnings.warn(f"{kernel.name}: {why}; running it through the torch reference", FusionFallbackWarning,
+                  stacklevel=3)
+    kernel.backend = "reference"
+    kernel.note = why
+    return kernel
+
+
+def _choose_config(fn: Any, gen: Any, candidates: list[dict[str, Any]], device: str,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    try:
+        from .tune import Config, autotune
+    except ImportError:
+        return candidates[0]
+    if not device.startswith("cuda") or not settings.autotune or len(candidates) == 1:
+        return candidates[0]
+
+    def bench(config: Any) -> float:
+        from .tune import bench_ms
+
+        grid, constexprs, num_warps = launch_parameters(gen, dict(config.values))
+        launcher = TritonLaunch(fn, grid, constexprs, num_warps, gen.outputs, device, fast=False)
+        args = _example_inputs(gen.inputs, device)
+        return bench_ms(lambda: launcher(args))
+
+    key = {"source": gen.source, "device": device}
+    chosen = autotune(gen.name, key, [Config(c) for c in candidates], bench)
+    return dict(chosen.values)
+
+
+def _example_inputs(nodes: Sequence[Node], device: str) -> list[torch.Tensor]:
+    out = []
+    for n in nodes:
+        dt = dtypes.to_torch(n.dtype)
+        size = 1 + sum((s - 1) * st for s, st in zip(n.shape, n.spec.memory_strides, strict=True)) if n.shape else 1
+        base = torch.randn(max(size, 1), device=device).to(dt) if dt.is_floating_point else \
+            torch.zeros(max(size, 1), dtype=dt, device=device)
+        out.append(base.as_strided(n.shape, n.spec.memory_strides) if n.shape else base.reshape(()))
+    return out
+
+
+def _summary(group: KernelGroup) -> str:
+    ops = [n.op for n in group.nodes if n.op not in ("cast",)]
+    picked: list[str] = []
+    for op in ops:
+        if op not in picked:
+            picked.append(op)
+    return "_".join(picked[:4]) or "copy"
+
+
+_ = (math, is_literal)

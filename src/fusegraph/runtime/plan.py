@@ -6,27 +6,49 @@ reads and writes is decided at build time (slot indices), not looked up per call
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..errors import ExecutionError, where
+from ..ir import dtypes
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.printer import format_plan
+from ..ir.spec import TensorSpec, contiguous_strides
 from .guards import check_inputs, resolve_feeds
 from .kernel import Kernel
 
 
 class Plan:
     def __init__(self, graph: Graph, kernels: list[Kernel], device: str,
-                 input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = ()) -> None:
+                 input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = (), *,
+                 static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None) -> None:
         self.graph = graph
         self.kernels = kernels
         self.device = device
+        self.static = static
         self.input_handles = list(input_handles) or list(graph.inputs)
         self.output_handles = list(output_handles) or list(graph.outputs)
         self._schedule = self._assign_slots()
+        self._rebuild = rebuild
+        self._variants: dict[tuple[Any, ...], Plan] = {}
+        # what the fast input check compares: (shape, strides, dtype) per input, and the device kind
+        self._expect = tuple((torch.Size(n.shape), n.spec.memory_strides, dtypes.to_torch(n.dtype))
+                             for n in graph.inputs)
+        self._cuda = torch.device(device).type == "cuda"
+        self._steps = tuple((k.launch, ins, outs, frees) for k, ins, outs, frees in self._with_frees())
+
+    def _with_frees(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """Each step also lists the slots whose last reader it is (dropped after it, not outputs)."""
+        last: dict[int, int] = {}
+        for step, (_, ins, _) in enumerate(self._schedule):
+            for i in ins:
+                last[i] = step
+        keep = set(self._out_slots) | set(range(len(self.graph.inputs)))
+        return [(k, ins, outs, tuple(i for i in set(ins) if last[i] == step and i not in keep))
+                for step, (k, ins, outs) in enumerate(self._schedule)]
 
     def _assign_slots(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...]]]:
         """Give every value a slot: inputs first, then each kernel's outputs in launch order."""
@@ -45,13 +67,54 @@ class Plan:
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Execute on positional inputs; returns outputs in set_output order."""
-        check_inputs(self.graph.inputs, inputs, self.device)
-        buf: list[Any] = list(inputs) + [None] * (self._num_slots - len(inputs))
-        for kernel, ins, outs in self._schedule:
-            results = kernel.launch([buf[i] for i in ins])
+        if not self._matches(inputs):
+            return self._other_signature(inputs)
+        buf: list[Any] = list(inputs)
+        buf.extend([None] * (self._num_slots - len(buf)))
+        for launch, ins, outs, frees in self._steps:
+            results = launch([buf[i] for i in ins])
             for k, r in zip(outs, results, strict=True):
                 buf[k] = r
+            for i in frees:
+                buf[i] = None
         return [buf[k] for k in self._out_slots]
+
+    def _matches(self, inputs: Sequence[Any]) -> bool:
+        if len(inputs) != len(self._expect):
+            return False
+        cuda = self._cuda
+        try:
+            for t, (shape, strides, dtype) in zip(inputs, self._expect, strict=True):
+                if t.shape != shape or t.dtype != dtype or t.is_cuda != cuda or t.stride() != strides:
+                    return False
+        except AttributeError:  # not a tensor
+            return False
+        return True
+
+    def _other_signature(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """Inputs that differ from what this plan was built for: rebuild for their signature
+        (cached), or raise ExecutionError naming the input (static plans, bad feeds)."""
+        nodes = self.graph.inputs
+        if self.static or self._rebuild is None:
+            check_inputs(nodes, inputs, self.device)  # raises on shape, dtype, device, type
+            dense = [t.contiguous() for t in inputs]  # only the strides differed
+            if self._matches(dense):
+                return self.run(dense)
+            raise ExecutionError(f"static plan: inputs with strides {[t.stride() for t in inputs]} do not "
+                                 f"fit the plan's {[e[1] for e in self._expect]}")
+        if len(inputs) != len(nodes) or not all(isinstance(t, torch.Tensor) for t in inputs):
+            check_inputs(nodes, inputs, self.device)
+        for node, t in zip(nodes, inputs, strict=True):
+            if t.device.type != torch.device(self.device).type:
+                raise ExecutionError(f"{where('input', node.name, node.source)}: expected a tensor on "
+                                     f"{self.device}, got one on {t.device}")
+        signature = tuple((tuple(t.shape), t.stride(), t.dtype) for t in inputs)
+        plan = self._variants.get(signature)
+        if plan is None:
+            specs = [_spec_of(t) for t in inputs]
+            plan = self._rebuild(specs)
+            self._variants[signature] = plan
+        return plan.run(inputs)
 
     def execute(self, feeds: Mapping[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
         outs = self.run(resolve_feeds(self.graph.inputs, feeds))
@@ -60,6 +123,10 @@ class Plan:
     def __call__(self, *tensors: torch.Tensor) -> Any:
         outs = self.run(tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def variants(self) -> int:
+        """How many other input signatures this plan was rebuilt for."""
+        return len(self._variants)
 
     def explain(self) -> str:
         from ..perf.explain import explain_plan
@@ -72,3 +139,11 @@ class Plan:
     @property
     def nodes(self) -> tuple[Node, ...]:
         return self.graph.nodes
+
+
+def _spec_of(t: torch.Tensor) -> TensorSpec:
+    shape = tuple(t.shape)
+    strides = tuple(t.stride())
+    dense = strides == contiguous_strides(shape)
+    return TensorSpec(shape, dtypes.canonical(t.dtype), layout=None if dense else "strided",
+                      strides=None if dense else strides)

@@ -1,0 +1,86 @@
+"""Turn generated Triton source into a callable @triton.jit function.
+
+triton.jit reads its function's source with `inspect`, so the module is written to a real file
+under the cache directory (named by a hash of the source) and imported from there. Triton itself
+is imported lazily: TRITON_INTERPRET must be set before the first import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from typing import Any
+
+from ..settings import settings
+
+_LOADED: dict[str, Any] = {}
+
+
+def kernel_dir() -> str:
+    path = os.path.join(settings.cache_dir, "kernels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def load_triton_function(source: str, name: str) -> Any:
+    """The jitted function `name` defined by `source` (cached per source text)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"{name}_{digest}"
+    if key in _LOADED:
+        return _LOADED[key]
+    if interpreting():
+        round_like_the_gpu()
+    path = os.path.join(kernel_dir(), f"fg_{key}.py")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)  # atomic: concurrent builders never see a half-written file
+    module_name = f"fusegraph_kernels.fg_{key}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, name)
+    _LOADED[key] = fn
+    return fn
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def round_like_the_gpu() -> None:
+    """Triton's interpreter truncates fp32 -> bf16 casts; the GPU rounds to nearest even. Make
+    the interpreter round like the hardware so CPU tests see the values the GPU produces."""
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return
+    builder = interp.InterpreterBuilder
+    if getattr(builder, "_fusegraph_rne", False):
+        return
+    original = builder.cast_impl
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        import triton.language as tl
+
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return interp.TensorHandle(_bf16_bits_rne(src.data), dst_type.scalar)
+        return original(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
+    builder._fusegraph_rne = True
+
+
+def _bf16_bits_rne(values: Any) -> Any:
+    """fp32 array -> bfloat16 bit patterns (uint16), rounded to nearest even, NaN kept NaN."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)

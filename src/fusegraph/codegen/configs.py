@@ -1,0 +1,64 @@
+"""Launch configurations of generated kernels, as data, best guess first (the cost model's pick:
+whole rows in registers when they fit, enough elements per thread for 16-byte loads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .triton_gen import GeneratedKernel
+
+MAX_ROW_BLOCK = 16384      # widest row held whole in registers; wider rows loop over chunks
+LOOP_BLOCK = 4096          # chunk width of the looped path
+COLUMN_BLOCK = 64          # tile side of column reductions
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    options = options or {}
+    if gen.kind == "pointwise":
+        cap = max(next_pow2(gen.extent), 16)
+        out = []
+        for block, warps in ((1024, 4), (2048, 8), (4096, 8), (512, 4)):
+            cfg = {"BLOCK": min(block, cap), "num_warps": warps if block <= cap else 4}
+            if cfg not in out:
+                out.append(cfg)
+        return out
+    max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
+    rows, cols = gen.extent, gen.reduced_extent
+    if gen.column:
+        side = min(COLUMN_BLOCK, max_block)
+        kept = min(next_pow2(rows), side)
+        red = min(next_pow2(cols), side)
+        return [{"ROWS": kept, "BLOCK_C": red, "num_warps": 4},
+                {"ROWS": kept, "BLOCK_C": min(next_pow2(cols), 2 * side), "num_warps": 8}]
+    whole = next_pow2(cols)
+    if whole <= max_block:
+        rows_per_program = max(1, min(next_pow2(rows), 2048 // whole, 64))
+        warps = max(1, min(16, whole * rows_per_program // 512))
+        out = [{"ROWS": rows_per_program, "BLOCK_C": whole, "num_warps": warps}]
+        for w in (warps // 2, warps * 2):
+            if 1 <= w <= 16:
+                out.append({"ROWS": rows_per_program, "BLOCK_C": whole, "num_warps": w})
+        if rows_per_program > 1:
+            out.append({"ROWS": max(1, rows_per_program // 2), "BLOCK_C": whole, "num_warps": max(1, warps // 2)})
+        return out
+    chunk = min(LOOP_BLOCK, next_pow2(max_block) if next_pow2(max_block) <= max_block else next_pow2(max_block) // 2)
+    return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
+
+
+def launch_parameters(gen: GeneratedKernel, config: dict[str, Any]) -> tuple[tuple[int, ...], dict[str, Any], int]:
+    """(grid, constexprs in signature order, num_warps) for one config."""
+    warps = int(config.get("num_warps", 4))
+    if gen.kind == "pointwise":
+        block = int(config["BLOCK"])
+        return (max(1, _cdiv(gen.extent, block)),), {"BLOCK": block}, warps
+    rows, block_c = int(config["ROWS"]), int(config["BLOCK_C"])
+    consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent}
+    return (max(1, _cdiv(gen.extent, rows)),), consts, warps

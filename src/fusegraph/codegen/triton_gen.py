@@ -1,0 +1,338 @@
+"""Triton source for a KernelGroup: pointwise kernels over the flattened domain, and reduction
+kernels over a [kept, reduced] tile (row reductions reduce the tile's contiguous axis, column
+reductions the other), with the whole reduced extent in registers when it fits (SINGLE) and a
+loop over chunks, one pass per sequential reduction, when it does not.
+
+Every value is an fp32 tile (ints and bools keep their own types); loads upcast, stores cast to
+the output's dtype. Broadcasting and strides are index arithmetic on per-dim index variables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..fusion.partition import Entry, KernelGroup
+from ..ir import dtypes
+from ..ir.node import Node
+from ..ir.registry import get_op
+from ..ir.spec import contiguous_strides
+
+TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+            "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8",
+            "uint8": "tl.uint8", "bool": "tl.int1"}
+HEADER = ("import triton\nimport triton.language as tl\n"
+          "from triton.language.extra import libdevice  # noqa: F401\n\n\n")
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class GeneratedKernel:
+    name: str
+    source: str                       # a whole module: imports + one @triton.jit function
+    kind: str
+    inputs: list[Node]                # pointer arguments, in order, then outputs
+    outputs: list[Node]
+    extent: int                       # pointwise: numel; reduction: kept numel (rows)
+    reduced_extent: int = 1           # reduction: elements reduced per row
+    column: bool = False              # reduction over a non-contiguous axis
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def generate(group: KernelGroup, name: str) -> GeneratedKernel:
+    if group.domain.is_reduction:
+        return _ReductionWriter(group, name).write()
+    return _PointwiseWriter(group, name).write()
+
+
+class _Writer:
+    def __init__(self, group: KernelGroup, name: str) -> None:
+        self.group = group
+        self.name = name
+        self.domain = group.domain
+        self.inputs = group.inputs
+        self.outputs = [e.node for e in group.stores]
+        self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.inputs)}
+        self.out_ptr = {e.key: f"out{k}" for k, e in enumerate(group.stores)}
+        self.expr: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.wide = max([_max_offset(n) for n in self.inputs + self.outputs] + [0]) > INT32_LIMIT
+
+    def emit(self, line: str, indent: int = 1) -> None:
+        self.lines.append("    " * indent + line)
+
+    def signature(self, constexprs: list[str]) -> str:
+        args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values())
+        return ", ".join(args + [f"{c}: tl.constexpr" for c in constexprs])
+
+    def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
+        strides = node.spec.memory_strides
+        terms = []
+        for k, d in enumerate(emb):
+            if d is None or node.shape[k] == 1:
+                continue
+            terms.append(dimvar[d] if strides[k] == 1 else f"{dimvar[d]} * {strides[k]}")
+        return " + ".join(terms) or "0"
+
+    def value(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
+        """Emit the line computing `entry` (not for reductions)."""
+        if entry.kind == "literal":
+            opdef = get_op(entry.node.op)
+            assert opdef.triton is not None
+            self.expr[entry.key] = opdef.triton([], entry.node.attrs)
+            return
+        if entry.kind == "view" or _is_free_cast(entry.node):
+            self.expr[entry.key] = self.expr[entry.args[0]]
+            return
+        if entry.kind == "gen":
+            self.emit(f"{entry.key} = {self._generator(entry, dimvar)}", indent)
+            self.expr[entry.key] = entry.key
+            return
+        if entry.kind == "load":
+            ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
+            load = f"tl.load({ptr}, mask={mask}, other=0)"
+            if dtypes.is_float(entry.node.dtype):
+                load += ".to(tl.float32)"
+            self.emit(f"{entry.key} = {load}", indent)
+        else:
+            args = [self.expr[a] for a in entry.args]
+            self.emit(f"{entry.key} = {_op_expr(entry.node, args)}", indent)
+        self.expr[entry.key] = entry.key
+
+    def _generator(self, entry: Entry, dimvar: dict[int, str]) -> str:
+        node = entry.node
+        opdef = get_op(node.op)
+        assert opdef.triton is not None
+        zero = "tl.zeros([1], tl.int32)"
+        if "index_dim_attr" in opdef.extra:
+            dim = int(node.attrs[opdef.extra["index_dim_attr"]]) % len(node.shape)
+            d = entry.emb[dim]
+            index = dimvar[d] if d is not None and node.shape[dim] != 1 else zero
+        else:  # the row-major linear index over the generator's own shape
+            strides = contiguous_strides(node.shape)
+            terms = [dimvar[d] if strides[k] == 1 else f"{dimvar[d]} * {strides[k]}"
+                     for k, d in enumerate(entry.emb) if d is not None and node.shape[k] != 1]
+            index = " + ".join(terms) or zero
+        return str(opdef.triton([index], node.attrs))
+
+    def store(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
+        out = self.out_ptr[entry.key]
+        off = self.offset(entry.node, entry.emb, dimvar) if entry.node.shape else "0"
+        value = self.expr[entry.key]
+        self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask={mask})", indent)
+
+    def module(self, body: list[str]) -> str:
+        return HEADER + "\n".join(body) + "\n"
+
+
+def _op_expr(node: Node, args: list[str]) -> str:
+    if node.op == "cast":
+        src, dst = node.inputs[0].dtype, node.dtype
+        if dtypes.is_float(dst):
+            return args[0] if dtypes.is_float(src) else f"{args[0]}.to(tl.float32)"
+        if dst == "bool":
+            return f"({args[0]} != 0)"
+        return f"{args[0]}.to({TL_DTYPE[dst]})"
+    opdef = get_op(node.op)
+    assert opdef.triton is not None
+    return str(opdef.triton(args, node.attrs))
+
+
+def _is_free_cast(node: Node) -> bool:
+    """float -> float casts cost nothing inside a kernel: values stay fp32, stores round."""
+    return node.op == "cast" and dtypes.is_float(node.dtype) and dtypes.is_float(node.inputs[0].dtype)
+
+
+def _max_offset(node: Node) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(node.shape, node.spec.memory_strides, strict=True))
+
+
+def _index_vars(shape: tuple[int, ...], dims: tuple[int, ...], linear: str, prefix: str) -> tuple[list[str], dict[int, str]]:
+    """Per-dim indices of `linear`, a row-major index over `shape[d] for d in dims`."""
+    lines, names = [], {}
+    inner = 1
+    for pos in range(len(dims) - 1, -1, -1):
+        d = dims[pos]
+        size = shape[d]
+        if size == 1:
+            continue
+        expr = linear if inner == 1 else f"({linear} // {inner})"
+        outermost = all(shape[e] == 1 for e in dims[:pos])
+        if not outermost:
+            expr = f"{expr} % {size}"
+        if expr == linear:
+            names[d] = linear
+        else:
+            names[d] = f"{prefix}{d}"
+            lines.append(f"{prefix}{d} = {expr}")
+        inner *= size
+    return list(reversed(lines)), names
+
+
+class _PointwiseWriter(_Writer):
+    def write(self) -> GeneratedKernel:
+        shape = self.domain.shape
+        numel = math.prod(shape)
+        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        self.emit(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
+        self.emit(f"mask = offs < {numel}")
+        index_lines, dimvar = _index_vars(shape, tuple(range(len(shape))), "offs", "i")
+        contiguous = contiguous_strides(shape)
+        needs_index = any(e.kind == "gen" for e in self.group.entries)
+        for e in self.group.entries:
+            if e.kind == "load" and not self._linear(e, contiguous):
+                needs_index = True
+        for e in self.group.stores:
+            if not self._linear(e, contiguous):
+                needs_index = True
+        if needs_index:
+            for line in index_lines:
+                self.emit(line)
+        for e in self.group.entries:
+            if e.kind == "load" and self._linear(e, contiguous):
+                ptr = self.ptr[e.node.id]
+                load = f"tl.load({ptr} + offs, mask=mask, other=0)"
+                if dtypes.is_float(e.node.dtype):
+                    load += ".to(tl.float32)"
+                self.emit(f"{e.key} = {load}")
+                self.expr[e.key] = e.key
+            else:
+                self.value(e, "mask", dimvar, 1)
+        for e in self.group.stores:
+            if self._linear(e, contiguous):
+                out = self.out_ptr[e.key]
+                self.emit(f"tl.store({out} + offs, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
+            else:
+                self.store(e, "mask", dimvar, 1)
+        return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
+                               self.outputs, extent=numel)
+
+    def _linear(self, e: Entry, contiguous: tuple[int, ...]) -> bool:
+        """Offset equals the flat index: same shape as the domain, dense row-major."""
+        shape = self.domain.shape
+        return (e.node.shape == shape and e.emb == tuple(range(len(shape)))
+                and (e.node.spec.memory_strides == contiguous or math.prod(shape) <= 1))
+
+
+class _ReductionWriter(_Writer):
+    def write(self) -> GeneratedKernel:
+        dom = self.domain
+        rows, cols = dom.kept_numel, dom.reduced_numel
+        self.column = self._is_column()
+        ax = 0 if self.column else 1
+        r_tile = "[None, :]" if self.column else "[:, None]"
+        c_tile = "[:, None]" if self.column else "[None, :]"
+        self.tile = "[BLOCK_C, ROWS]" if self.column else "[ROWS, BLOCK_C]"
+        head = [f"@triton.jit\ndef {self.name}({self.signature(['ROWS', 'BLOCK_C', 'SINGLE'])}):"]
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
+        self.emit(f"rmask = rows < {rows}")
+        kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
+        for line in kept_lines:
+            self.emit(line)
+        red_lines, red_vars = _index_vars(dom.shape, dom.reduced, "cols", "j")
+        dimvar.update(red_vars)
+        entries = self.group.entries
+        self.emit("if SINGLE:")
+        self.emit(f"cols = tl.arange(0, BLOCK_C){c_tile}", 2)
+        self.emit(f"mask = rmask & (cols < {cols})", 2)
+        for line in red_lines:
+            self.emit(line, 2)
+        for e in entries:
+            if e.kind == "reduce":
+                self._reduce_single(e, ax)
+            else:
+                self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+        for e in self.group.stores:
+            self.store(e, "mask" if e.full else "rmask", dimvar, 2)
+        self.emit("else:")
+        self._looped(entries, dimvar, red_lines, c_tile, ax, cols)
+        return GeneratedKernel(self.name, self.module(head + self.lines), "reduction", self.inputs,
+                               self.outputs, extent=rows, reduced_extent=cols, column=self.column)
+
+    def _is_column(self) -> bool:
+        """Reduce along the tile's first axis when the contiguous dim of the main operand is kept."""
+        full = [e.node for e in self.group.loads if e.node.shape == self.domain.shape]
+        if not full or not self.domain.kept:
+            return False
+        strides = full[0].spec.memory_strides
+        inner = min(range(len(strides)), key=lambda d: (abs(strides[d]) if self.domain.shape[d] > 1 else 1 << 62))
+        return inner in self.domain.kept and self.domain.shape[inner] > 1
+
+    def _reduce_single(self, e: Entry, ax: int) -> None:
+        combine = get_op(e.node.op).extra["combine"]
+        arg = self.expr[e.args[0]]
+        fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[combine]
+        self.emit(f"{e.key} = tl.{combine}(tl.where(mask, {arg}, {fill}), axis={ax}, keep_dims=True)", 2)
+        self.expr[e.key] = e.key
+
+    def _looped(self, entries: list[Entry], dimvar: dict[int, str], red_lines: list[str], c_tile: str,
+                ax: int, cols: int) -> None:
+        self.expr = {}
+        by_key = {e.key: e for e in entries}
+        reduces = [e for e in entries if e.kind == "reduce"]
+        passes = max(e.stage for e in reduces)
+        stores = self.group.stores
+        for p in range(passes + 2):
+            # values with one number per row that became available after pass p-1
+            for e in entries:
+                if not e.full and e.kind != "reduce" and e.stage == p:
+                    self.value(e, "rmask", dimvar, 2)
+            for e in stores:
+                if not e.full and e.stage == p:
+                    self.store(e, "rmask", dimvar, 2)
+            targets = [e for e in reduces if e.stage == p + 1] + [e for e in stores if e.full and e.stage == p]
+            if not targets:
+                continue
+            for e in targets:
+                if e.kind == "reduce":
+                    fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[_combine(e)]
+                    self.emit(f"acc_{e.key} = tl.full({self.tile}, {fill}, tl.float32)", 2)
+            self.emit(f"for c0 in range(0, {cols}, BLOCK_C):", 2)
+            self.emit(f"cols = c0 + tl.arange(0, BLOCK_C){c_tile}", 3)
+            self.emit(f"mask = rmask & (cols < {cols})", 3)
+            for line in red_lines:
+                self.emit(line, 3)
+            needed = _full_ancestors(targets, by_key)
+            saved = dict(self.expr)
+            for e in entries:
+                if e.key in needed:
+                    self.value(e, "mask", dimvar, 3)
+            for e in targets:
+                if e.kind == "reduce":
+                    arg = self.expr[e.args[0]]
+                    combine = _combine(e)
+                    fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[combine]
+                    masked = f"tl.where(mask, {arg}, {fill})"
+                    if combine == "sum":
+                        self.emit(f"acc_{e.key} += {masked}", 3)
+                    else:
+                        fn = "tl.maximum" if combine == "max" else "tl.minimum"
+                        self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 3)
+                else:
+                    self.store(e, "mask", dimvar, 3)
+            self.expr = saved  # values of the loop body are not visible after it
+            for e in targets:
+                if e.kind == "reduce":
+                    self.emit(f"{e.key} = tl.{_combine(e)}(acc_{e.key}, axis={ax}, keep_dims=True)", 2)
+                    self.expr[e.key] = e.key
+
+
+def _combine(e: Entry) -> str:
+    return str(get_op(e.node.op).extra["combine"])
+
+
+def _full_ancestors(targets: list[Entry], by_key: dict[str, Entry]) -> set[str]:
+    """Keys of the per-element values the targets need, stopping at per-row values."""
+    out: set[str] = set()
+    stack = [a for t in targets for a in t.args] + [t.key for t in targets if t.kind != "reduce"]
+    while stack:
+        key = stack.pop()
+        e = by_key[key]
+        if key in out or e.kind == "reduce" or (not e.full and e.kind != "literal"):
+            continue
+        out.add(key)
+        stack.extend(e.args)
+    return out

@@ -1,0 +1,411 @@
+"""The partitioner: group a primitive graph's nodes into kernels by iteration space.
+
+Every kernel has a Domain: the full index space F it iterates and the dims D it reduces
+(D = () for a pointwise kernel). Pointwise nodes are never materialized on their own: they are
+inlined as expressions into every kernel that needs them. What touches memory is only what
+crosses a kernel boundary: graph outputs, reductions used by another kernel, and the inputs of
+ops without code generation ("library" nodes, run by their torch reference).
+
+Grouping starts from "anchors" (graph outputs, reductions, library inputs), each its own group,
+and merges an anchor into the group that produces what it reads when the domains agree (same F;
+a pointwise store of shape F or of a row shape joins a reduction over F) and the kernel graph
+stays acyclic. Inside a kernel each value is placed by an Embedding: for each of its dims, the
+dim of F it indexes (None where it is broadcast), so broadcasting is index arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..ir import dtypes
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.registry import POINTWISE, REDUCTION, SOURCE, VIEW, get_op
+
+Embedding = tuple["int | None", ...]
+COMBINES = ("sum", "max", "min")
+# A pointwise store joins a reduction kernel only when that keeps enough programs busy (or the
+# tensor is small enough that parallelism does not matter).
+MIN_KEPT_FOR_FUSION = 128
+SMALL_NUMEL = 1 << 16
+
+
+@dataclass(frozen=True)
+class Domain:
+    shape: tuple[int, ...]            # F: the full iteration space
+    reduced: tuple[int, ...] = ()     # D: reduced dims of F, sorted; () = pointwise
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.shape)) if d not in self.reduced)
+
+    @property
+    def kept_numel(self) -> int:
+        return math.prod(self.shape[d] for d in self.kept)
+
+    @property
+    def reduced_numel(self) -> int:
+        return math.prod(self.shape[d] for d in self.reduced)
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reduced)
+
+    def __str__(self) -> str:
+        return f"{'x'.join(map(str, self.shape)) or 'scalar'}" + (f" reduce{self.reduced}" if self.reduced else "")
+
+
+@dataclass
+class Entry:
+    """One value computed inside a kernel: node `node` placed in the domain by `emb`."""
+
+    key: str
+    node: Node
+    emb: Embedding
+    kind: str                     # load | literal | op | gen (index generator) | view | reduce
+    args: tuple[str, ...] = ()
+    full: bool = True             # depends on a reduced index (else: one value per kept index)
+    stage: int = 0                # how many sequential reductions it waits for
+
+
+@dataclass
+class KernelGroup:
+    domain: Domain
+    anchors: list[Node]
+    entries: list[Entry] = field(default_factory=list)     # topological order
+    stores: list[Entry] = field(default_factory=list)      # anchors written to memory
+    loads: list[Entry] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "reduction" if self.domain.is_reduction else "pointwise"
+
+    @property
+    def inputs(self) -> list[Node]:
+        """Distinct materialized values read, in first-use order."""
+        seen: dict[int, Node] = {}
+        for e in self.loads:
+            seen.setdefault(e.node.id, e.node)
+        return list(seen.values())
+
+    @property
+    def nodes(self) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for e in self.entries:
+            if e.kind in ("op", "gen", "view", "reduce"):
+                seen.setdefault(e.node.id, e.node)
+        return list(seen.values())
+
+
+@dataclass
+class Partition:
+    """The kernels of a graph in launch order; `library` groups hold one unfusable node each."""
+
+    items: list[KernelGroup | Node]
+
+
+class TraceError(Exception):
+    """A set of anchors cannot share one kernel (embedding conflict, wrong domain)."""
+
+
+def fusable(node: Node) -> bool:
+    """Has code generation: a pointwise op with a Triton expression, or a sum/max/min reduction."""
+    opdef = get_op(node.op)
+    if node.multi_output or any(i.multi_output for i in node.inputs):
+        return False
+    if any(not _supported_dtype(s.dtype) for s in (node.spec, *(i.spec for i in node.inputs))):
+        return False
+    if opdef.has(REDUCTION):
+        return opdef.extra.get("combine") in COMBINES and dtypes.is_float(node.dtype)
+    if node.op == "cast":
+        return True
+    if opdef.has(VIEW):
+        try:
+            view_input_embedding(node, tuple(range(len(node.shape))))
+        except TraceError:
+            return False
+        return True
+    return opdef.has(POINTWISE) and opdef.triton is not None
+
+
+def is_generator(node: Node) -> bool:
+    """iota / rand_uniform: values computed from the index, reading no memory."""
+    return bool(get_op(node.op).extra.get("generator")) and not node.inputs
+
+
+def view_input_embedding(node: Node, emb: Embedding) -> Embedding:
+    """A view's embedding carried to its input: expand broadcasts, permute reorders, a reshape
+    that only adds or drops unit dims keeps the other dims in order. Others raise TraceError."""
+    opdef = get_op(node.op)
+    src = node.inputs[0]
+    kind = opdef.extra.get("view")
+    if node.op == "expand" or kind == "broadcast":
+        return input_embedding(node.shape, emb, src.shape)
+    if kind == "permute":
+        perm = opdef.extra["view_params"](src.spec, node.attrs)["perm"]
+        out: list[int | None] = [None] * len(src.shape)
+        for i, p in enumerate(perm):
+            out[p] = None if src.shape[p] == 1 else emb[i]
+        return tuple(out)
+    if node.op == "reshape":
+        out_dims = [d for d, s in enumerate(node.shape) if s != 1]
+        in_dims = [d for d, s in enumerate(src.shape) if s != 1]
+        if [node.shape[d] for d in out_dims] != [src.shape[d] for d in in_dims]:
+            raise TraceError(f"{node.name}: reshape {src.shape} -> {node.shape} regroups dims")
+        result: list[int | None] = [None] * len(src.shape)
+        for o, i in zip(out_dims, in_dims, strict=True):
+            result[i] = emb[o]
+        return tuple(result)
+    raise TraceError(f"{node.name}: view {node.op} is not folded into indexing")
+
+
+def is_literal(node: Node) -> bool:
+    """A scalar known at build time: inlined as a literal in generated code."""
+    opdef = get_op(node.op)
+    return opdef.has(SOURCE) and opdef.triton is not None and node.spec.rank == 0
+
+
+def _supported_dtype(dtype: str) -> bool:
+    return dtype not in dtypes.FP8 and dtype != "float64"
+
+
+def natural_embedding(node: Node, domain: Domain) -> Embedding:
+    """Where a reduction's result lives in its own domain."""
+    if node.attrs.get("keepdim", False):
+        return tuple(None if d in domain.reduced else d for d in range(len(domain.shape)))
+    return domain.kept
+
+
+def reduction_domain(node: Node) -> Domain:
+    src = node.inputs[0].shape
+    dims = node.attrs.get("dims")
+    rank = len(src)
+    reduced = tuple(range(rank)) if dims is None else tuple(sorted(d % max(rank, 1) for d in dims))
+    return Domain(tuple(src), reduced)
+
+
+def anchor_embedding(node: Node, domain: Domain) -> Embedding | None:
+    """How a value written by a kernel of `domain` is placed in it, or None if it does not fit:
+    shape F, or F with some dims 1 that cover every kept dim (a per-row value), or the kept shape."""
+    if get_op(node.op).has(REDUCTION) and fusable(node):
+        return natural_embedding(node, domain) if reduction_domain(node) == domain else None
+    shape, full = node.shape, domain.shape
+    if shape == full:
+        return tuple(range(len(full)))
+    if len(shape) == len(full) and all(s in (1, f) for s, f in zip(shape, full, strict=True)):
+        emb = tuple(None if s == 1 and f != 1 else d for d, (s, f) in enumerate(zip(shape, full, strict=True)))
+        covered = {d for d in emb if d is not None}
+        if all(d in covered or full[d] == 1 for d in domain.kept) and domain.is_reduction:
+            return emb
+        return None
+    if domain.is_reduction and shape == tuple(full[d] for d in domain.kept):
+        return domain.kept
+    return None
+
+
+def input_embedding(consumer_shape: tuple[int, ...], emb: Embedding, shape: tuple[int, ...]) -> Embedding:
+    """A pointwise consumer's embedding, carried to one of its inputs (numpy broadcasting)."""
+    lead = len(consumer_shape) - len(shape)
+    return tuple(None if size == 1 else emb[lead + d] for d, size in enumerate(shape))
+
+
+def trace_group(group: KernelGroup, boundary: set[int]) -> None:
+    """Fill `group.entries/loads/stores`: the expression DAG from its anchors down to values that
+    cross a kernel boundary (loads). Raises TraceError when the anchors cannot share the kernel."""
+    domain = group.domain
+    own = {n.id for n in group.anchors}
+    entries: dict[tuple[int, Embedding], Entry] = {}
+    order: list[Entry] = []
+
+    def visit(node: Node, emb: Embedding) -> Entry:
+        key = (node.id, emb)
+        if key in entries:
+            return entries[key]
+        name = f"v{len(entries)}_{_ident(node.name)}"
+        if is_literal(node):
+            entry = Entry(name, node, emb, "literal", full=False)
+        elif (node.id in boundary and node.id not in own) or node.op == "input" or not fusable(node):
+            entry = Entry(name, node, emb, "load", full=_is_full(emb, domain))
+        elif is_generator(node):
+            entry = Entry(name, node, emb, "gen", full=_is_full(emb, domain))
+        elif get_op(node.op).has(VIEW):
+            arg = visit(node.inputs[0], view_input_embedding(node, emb))
+            entry = Entry(name, node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
+        elif get_op(node.op).has(REDUCTION):
+            if reduction_domain(node) != domain or emb != natural_embedding(node, domain):
+                raise TraceError(f"{node.name}: reduction does not fit domain {domain}")
+            arg = visit(node.inputs[0], tuple(range(len(domain.shape))))
+            entry = Entry(name, node, emb, "reduce", (arg.key,), full=False, stage=arg.stage + 1)
+        else:
+            args = [visit(i, input_embedding(node.shape, emb, i.shape)) for i in node.inputs]
+            stage = max((a.stage for a in args), default=0)
+            entry = Entry(name, node, emb, "op", tuple(a.key for a in args),
+                          full=any(a.full for a in args), stage=stage)
+        entries[key] = entry
+        order.append(entry)
+        return entry
+
+    stores = []
+    for anchor in group.anchors:
+        emb = anchor_embedding(anchor, domain)
+        if emb is None:
+            raise TraceError(f"{anchor.name}: shape {anchor.shape} does not fit domain {domain}")
+        stores.append(visit(anchor, emb))
+    if domain.is_reduction and not any(e.kind == "reduce" for e in order):
+        raise TraceError("a reduction kernel without a reduction")
+    group.entries = order
+    group.loads = [e for e in order if e.kind == "load"]
+    group.stores = stores
+
+
+def _is_full(emb: Embedding, domain: Domain) -> bool:
+    if not domain.is_reduction:
+        return True
+    return any(d in domain.reduced and domain.shape[d] != 1 for d in emb if d is not None)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)[:24]
+
+
+def partition_graph(graph: Graph) -> Partition:
+    """Group `graph` (primitives only) into kernels, in an order where each reads only what
+    earlier kernels wrote."""
+    users = graph.users()
+    outputs = {n.id for n in graph.outputs}
+    library = [n for n in graph.nodes if n.op != "input" and not is_literal(n) and not fusable(n)]
+    library_ids = {n.id for n in library}
+    anchors: list[Node] = []
+    for node in graph.nodes:
+        if node.op == "input" or node.id in library_ids:
+            continue
+        needed_raw = node.id in outputs or any(u.id in library_ids for u in users.get(node.id, ()))
+        if is_literal(node):
+            if needed_raw:  # a scalar output / library argument: make it with its reference
+                library.append(node)
+                library_ids.add(node.id)
+            continue
+        if needed_raw or get_op(node.op).has(REDUCTION):
+            anchors.append(node)
+
+    boundary = {n.id for n in anchors} | library_ids
+    groups: list[KernelGroup] = []
+    group_of: dict[int, KernelGroup] = {}
+    for anchor in anchors:
+        alone = KernelGroup(_own_domain(anchor), [anchor])
+        try:
+            trace_group(alone, boundary)
+        except TraceError:
+            library.append(anchor)
+            library_ids.add(anchor.id)
+            continue
+        target = _merge_target(alone, groups, group_of, boundary)
+        if target is None:
+            groups.append(alone)
+            group_of[anchor.id] = alone
+        else:
+            group_of[anchor.id] = target
+    for group in groups:
+        _drop_internal_stores(group, groups, graph, library, boundary)
+    return Partition(_schedule(groups, library, graph))
+
+
+def _own_domain(anchor: Node) -> Domain:
+    if get_op(anchor.op).has(REDUCTION):
+        return reduction_domain(anchor)
+    return Domain(anchor.shape)
+
+
+def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
+                  boundary: set[int]) -> KernelGroup | None:
+    """The producer group this anchor can join (latest first), merging in place; None if none."""
+    producers = [group_of[e.node.id] for e in alone.loads if e.node.id in group_of]
+    for group in sorted({id(g): g for g in producers}.values(), key=groups.index, reverse=True):
+        domain = _merged_domain(group.domain, alone.domain, alone.anchors[0])
+        if domain is None or _reaches(producers, group, group_of, exclude=group):
+            continue
+        trial = KernelGroup(domain, group.anchors + alone.anchors)
+        try:
+            trace_group(trial, boundary)
+        except TraceError:
+            continue
+        group.domain, group.anchors = trial.domain, trial.anchors
+        group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
+        return group
+    return None
+
+
+def _merged_domain(have: Domain, new: Domain, anchor: Node) -> Domain | None:
+    if have == new:
+        return have
+    if have.shape != new.shape and not new.is_reduction and have.is_reduction:
+        return have if anchor_embedding(anchor, have) is not None else None
+    if have.shape != new.shape:
+        return None
+    if have.is_reduction and new.is_reduction:
+        return None
+    reduction = have if have.is_reduction else new
+    numel = math.prod(reduction.shape)
+    if reduction.kept_numel < MIN_KEPT_FOR_FUSION and numel > SMALL_NUMEL:
+        return None  # the fused kernel would run on too few programs
+    return reduction
+
+
+def _reaches(producers: list[KernelGroup], target: KernelGroup, group_of: dict[int, KernelGroup],
+             exclude: KernelGroup) -> bool:
+    """Would merging into `target` make a cycle: does another producer depend on `target`?"""
+    stack = [p for p in producers if p is not exclude]
+    seen: set[int] = set()
+    while stack:
+        g = stack.pop()
+        if g is target:
+            return True
+        if id(g) in seen:
+            continue
+        seen.add(id(g))
+        stack.extend(group_of[e.node.id] for e in g.loads if e.node.id in group_of)
+    return False
+
+
+def _drop_internal_stores(group: KernelGroup, groups: list[KernelGroup], graph: Graph,
+                          library: list[Node], boundary: set[int]) -> None:
+    """An anchor used only inside its own kernel (and not an output) stays in registers."""
+    read_elsewhere = {e.node.id for g in groups if g is not group for e in g.loads}
+    read_elsewhere |= {i.id for n in library for i in n.inputs}
+    read_elsewhere |= {n.id for n in graph.outputs}
+    group.stores = [e for e in group.stores if e.node.id in read_elsewhere]
+    boundary.difference_update(e.node.id for e in group.entries if e.kind != "load" and
+                               e.node.id not in read_elsewhere)
+
+
+def _schedule(groups: list[KernelGroup], library: list[Node], graph: Graph) -> list[KernelGroup | Node]:
+    """Launch order: a topological order of kernels by what they read."""
+    producer: dict[int, KernelGroup | Node] = {}
+    for g in groups:
+        for e in g.stores:
+            producer[e.node.id] = g
+    for n in library:
+        producer[n.id] = n
+    deps: dict[int, list[KernelGroup | Node]] = {}
+    items: list[KernelGroup | Node] = [*groups, *library]
+    for item in items:
+        reads = [e.node for e in item.loads] if isinstance(item, KernelGroup) else list(item.inputs)
+        deps[id(item)] = [producer[n.id] for n in reads if n.id in producer and producer[n.id] is not item]
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    items.sort(key=lambda it: min(position[a.id] for a in it.anchors) if isinstance(it, KernelGroup)
+               else position[it.id])
+    out: list[KernelGroup | Node] = []
+    done: set[int] = set()
+
+    def place(item: KernelGroup | Node) -> None:
+        if id(item) in done:
+            return
+        done.add(id(item))
+        for d in deps[id(item)]:
+            place(d)
+        out.append(item)
+
+    for item in items:
+        place(item)
+    return out
