@@ -87,6 +87,7 @@ def test_views_are_free_and_describe_their_index_map() -> None:
         assert _cost(handle) == (0, 0), op
         node = handle.node
         assert opdef.extra["view_params"](node.inputs[0].spec, node.attrs) == want, op
+        assert callable(opdef.extra["fold"]), op
     assert views["slice"][0].shape == (4, 3, 5)
     assert get_op("slice").has(LAYOUT_TRANSPARENT) and not get_op("reshape").has(LAYOUT_TRANSPARENT)
 
@@ -171,3 +172,57 @@ def test_out_of_range_index_values_fail_at_execute_naming_the_node() -> None:
     g.embedding(ids, w, name="lookup").set_output()
     with pytest.raises(fg.ExecutionError, match=r"node 'lookup' \(op embedding\)"):
         fg.reference(g)(torch.randn(4, 3), torch.tensor([1, 9]))
+
+
+# ---------------------------------------------------------------- folding views into strided reads
+
+def _torch_view(t: torch.Tensor, op: str, args: tuple) -> torch.Tensor:  # type: ignore[type-arg]
+    if op == "reshape":
+        return t.view(*args)          # raises when the reshape is not a strided view
+    if op == "slice":
+        dim, start, end, step = args
+        index = [slice(None)] * t.dim()
+        index[dim] = slice(start, end, step)
+        return t[tuple(index)]
+    return getattr(t, op)(*args)
+
+
+# (input shape, strides, offset, [(op, args), ...], whether the last step needs a copy)
+_CHAINS = [
+    ((4, 6, 5), (30, 5, 1), 0, [("reshape", (2, 2, 30)), ("permute", (2, 0, 1)), ("slice", (0, 3, None, 4)),
+                                ("reshape", (-1,))], True),
+    ((4, 6, 5), (1, 4, 24), 0, [("transpose", (0, 2)), ("reshape", (30, 4)), ("slice", (0, -7, -1, 3)),
+                                ("reshape", (2, 2, 2))], False),
+    ((4, 6, 5), (1, 4, 24), 0, [("transpose", (0, 2)), ("reshape", (30, 4)), ("slice", (0, -7, -1, 3)),
+                                ("reshape", (8,))], True),
+    ((4, 6, 3), (60, 10, 2), 7, [("reshape", (24, 1, 3)), ("expand", (2, 24, 5, 3)), ("transpose", (0, 3)),
+                                 ("slice", (2, 1, 4, 1)), ("reshape", (3, 24, 6))], False),
+    ((1, 5), (5, 1), 3, [("expand", (3, 4, 5)), ("reshape", (12, 5))], False),
+    ((1, 5), (5, 1), 3, [("expand", (3, 4, 5)), ("transpose", (1, 2)), ("reshape", (15, 4))], True),
+    ((1, 5), (5, 1), 3, [("expand", (3, 4, 5)), ("slice", (1, 1, 3, 1)), ("reshape", (3, 1, 2, 5))], False),
+    ((2, 3, 4), (12, 4, 1), 0, [("slice", (-1, 1, 3, 1)), ("reshape", (6, 2)), ("reshape", (12,))], True),
+    ((2, 3, 4), (1, 2, 6), 5, [("permute", (2, 1, 0)), ("reshape", (24,)), ("reshape", (4, 1, 6))], False),
+]
+
+
+@pytest.mark.parametrize(("shape", "strides", "offset", "steps", "copies_at_end"), _CHAINS)
+def test_view_fold_matches_torch_strided_views(shape, strides, offset, steps, copies_at_end) -> None:  # type: ignore[no-untyped-def]
+    base = torch.arange(2000, dtype=torch.float32)
+    t = base.as_strided(shape, strides, offset)
+    g = fg.Graph()
+    h = g.tensor(shape)
+    cur: tuple | None = (tuple(strides), offset)  # type: ignore[type-arg]
+    for k, (op, args) in enumerate(steps):
+        in_spec = h.spec
+        h = getattr(g, op)(h, *args)
+        assert cur is not None
+        cur = get_op(op).extra["fold"](in_spec, h.node.attrs, *cur)
+        if cur is None:  # the fold says "copy needed": torch must agree
+            assert copies_at_end and k == len(steps) - 1, f"unexpected copy at {op}{args}"
+            with pytest.raises(RuntimeError, match="view size is not compatible"):
+                _torch_view(t, op, args)
+            return
+        t = _torch_view(t, op, args)
+        assert tuple(t.shape) == h.shape
+        assert torch.equal(base.as_strided(h.shape, cur[0], cur[1]), t), f"{op}{args}"
+    assert not copies_at_end, "the fold found a strided view where a copy was expected"

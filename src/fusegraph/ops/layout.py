@@ -3,9 +3,11 @@
 
 A VIEW op moves no data when the code generator folds it into the consumer's indexing, so its
 cost is 0 bytes and 0 FLOPs; a partition that must materialize one pays the copy in its own
-cost. `extra["view"]` names the index map and `extra["view_params"](in_spec, attrs)` gives its
-normalized parameters (see each op). All these ops are exact data movement, so the reference
-sees its inputs' own dtypes (NO_UPCAST)."""
+cost. `extra["view"]` names the index map, `extra["view_params"](in_spec, attrs)` gives its
+normalized parameters, and `extra["fold"](in_spec, attrs, strides, offset)` turns the element
+strides and offset through which the input is read into those of the output, or None when the
+view is not a strided view of the input (a reshape across non-mergeable strides). All these
+ops are exact data movement, so the reference sees its inputs' own dtypes (NO_UPCAST)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..errors import DTypeError, ShapeError
 from ..ir import dtypes
 from ..ir.node import Attrs
 from ..ir.registry import LAYOUT_TRANSPARENT, NO_UPCAST, VIEW, Cost, define
-from ..ir.spec import TensorSpec
+from ..ir.spec import TensorSpec, contiguous_strides
 from . import _rules as R
 
 
@@ -34,6 +36,55 @@ def _moved(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> C
 
 def _out(x: TensorSpec, shape: tuple[int, ...], keep_layout: bool = False) -> TensorSpec:
     return TensorSpec(shape, x.dtype, layout=x.layout if keep_layout else None, device=x.device)
+
+
+Strided = tuple[tuple[int, ...], int]  # (element strides, element offset) of a strided view
+
+
+def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Strides that read a tensor of `shape`/`strides` as `new_shape` in row-major order without a
+    copy, or None (torch's view rule: only dims that are contiguous with each other merge or split)."""
+    if math.prod(shape) == 0 or not shape:
+        return tuple(contiguous_strides(tuple(new_shape)))
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    base = strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base, tensor_numel, view_numel = strides[d - 1], 1, 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+def _fold_reshape(x: TensorSpec, a: Attrs, strides: Sequence[int], offset: int) -> Strided | None:
+    new = reshape_strides(x.shape, strides, resolve_shape(x.numel, a["shape"]))
+    return None if new is None else (new, offset)
+
+
+def _fold_permute(x: TensorSpec, a: Attrs, strides: Sequence[int], offset: int) -> Strided:
+    return tuple(strides[p] for p in _permutation(x, a)), offset
+
+
+def _fold_expand(x: TensorSpec, a: Attrs, strides: Sequence[int], offset: int) -> Strided:
+    shape = _expand_shape(x, a["shape"])
+    lead = len(shape) - x.rank
+    kept = (0 if x.shape[i] == 1 and shape[lead + i] != 1 else strides[i] for i in range(x.rank))
+    return (0,) * lead + tuple(kept), offset
+
+
+def _fold_slice(x: TensorSpec, a: Attrs, strides: Sequence[int], offset: int) -> Strided:
+    p = _slice_params(x, a)
+    out = list(strides)
+    out[p["dim"]] = strides[p["dim"]] * p["step"]
+    return tuple(out), offset + p["start"] * strides[p["dim"]]
 
 
 # ---- reshape: out flat index == in flat index (row-major) ----
@@ -64,7 +115,8 @@ def _reshape_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec:
 
 define("reshape", _reshape_infer, lambda xs, a: xs[0].reshape(tuple(a["shape"])), props={VIEW, NO_UPCAST},
        cost_fn=_free,
-       extra={"view": "reshape", "view_params": lambda x, a: {"shape": resolve_shape(x.numel, a["shape"])}},
+       extra={"view": "reshape", "view_params": lambda x, a: {"shape": resolve_shape(x.numel, a["shape"])},
+              "fold": _fold_reshape},
        doc="x.reshape(shape) (one -1 allowed). View: out row-major index == in row-major index.")
 
 
@@ -94,7 +146,7 @@ def _permute_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec:
     return _out(x, tuple(x.shape[p] for p in perm))
 
 
-_PERMUTE_EXTRA = {"view": "permute", "view_params": lambda x, a: {"perm": _permutation(x, a)}}
+_PERMUTE_EXTRA = {"view": "permute", "view_params": lambda x, a: {"perm": _permutation(x, a)}, "fold": _fold_permute}
 define("permute", _permute_infer, lambda xs, a: xs[0].permute(*a["dims"]), props={VIEW, NO_UPCAST},
        cost_fn=_free, extra=_PERMUTE_EXTRA, doc="x.permute(dims). View: out[i...] = in[i permuted back].")
 define("transpose", _permute_infer, lambda xs, a: xs[0].transpose(a["dim0"], a["dim1"]),
@@ -129,7 +181,8 @@ def _expand_shape(x: TensorSpec, shape: Sequence[int]) -> tuple[int, ...]:
 
 define("expand", lambda s, a: _out(s[0], _expand_shape(s[0], a["shape"])),
        lambda xs, a: xs[0].expand(*a["shape"]), props={VIEW, NO_UPCAST}, cost_fn=_free,
-       extra={"view": "broadcast", "view_params": lambda x, a: {"shape": _expand_shape(x, a["shape"])}},
+       extra={"view": "broadcast", "view_params": lambda x, a: {"shape": _expand_shape(x, a["shape"])},
+              "fold": _fold_expand},
        doc="x.expand(shape) (-1 keeps a size). View: broadcast dims read with stride 0.")
 
 
@@ -172,7 +225,7 @@ def _slice_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
 
 
 define("slice", _slice_infer, _slice_ref, props={VIEW, LAYOUT_TRANSPARENT, NO_UPCAST}, cost_fn=_free,
-       extra={"view": "slice", "view_params": _slice_params},
+       extra={"view": "slice", "view_params": _slice_params, "fold": _fold_slice},
        doc="x[..., start:end:step, ...] along dim (torch's negative and clamped bounds; step >= 1). "
            "View: in[dim] = start + step * out[dim]. Output keeps x's layout.")
 
