@@ -218,28 +218,16 @@ def format_report(report: PlanReport) -> str:
     lines.append(f"launch overhead if launched one by one from Python: ~{len(report.rows) * spec.host_launch_us:.0f}"
                  f" us; inside one CUDA graph: ~{len(report.rows) * spec.launch_us:.1f} us")
     lines.append("")
-    lines.append("ops fused per kernel (op (user line)):")
+    lines.append("ops fused per kernel, by the user's source line:")
     for r in report.rows:
-        lines.append(f"{r.index:>2} {r.name}: {', '.join(_compress(r.ops))}")
+        lines.append(f"{r.index:>2} {r.name} [{r.backend}]:")
+        lines += [f"     {group}" for group in r.ops]
     lines.append("")
     how = "most time above floor" if report.measured else "no timings: largest floors and launch-bound kernels"
     lines.append(f"top opportunities ({how}):")
     for r in report.opportunities():
         lines.append("  " + _advice(r))
     return "\n".join(lines)
-
-
-def _compress(ops: list[str]) -> list[str]:
-    """Repeated consecutive entries as 'op (line) x3'."""
-    out: list[str] = []
-    counts: list[int] = []
-    for op in ops:
-        if out and out[-1] == op:
-            counts[-1] += 1
-        else:
-            out.append(op)
-            counts.append(1)
-    return [o if c == 1 else f"{o} x{c}" for o, c in zip(out, counts, strict=True)]
 
 
 def _advice(r: KernelRow) -> str:

@@ -106,7 +106,7 @@ def html_report(report: PlanReport, include_png: bool = True) -> str:
             f"<td class=l>{_esc(r.backend)}</td><td>{fmt_ms(r.measured_s)}</td><td>{fmt_ms(r.floor.seconds)}</td>"
             f"<td>{fmt_count(r.floor.bytes)}</td><td>{fmt_count(r.floor.flops)}</td><td>{gbs}</td><td>{tfs}</td>"
             f"<td>{pct}</td><td class='l bound-{r.bound}'>{r.bound}</td>"
-            f"<td class=l><code>{_esc(', '.join(r.ops[:12]))}{' ...' if len(r.ops) > 12 else ''}</code></td></tr>")
+            f"<td class=l><code>{_ops_html(r.ops)}</code></td></tr>")
     total = report.total_measured_s if report.measured else report.total_floor_s
     segments = []
     for r in report.rows:
@@ -152,6 +152,10 @@ def html_report(report: PlanReport, include_png: bool = True) -> str:
 kernels whose floor is under a few microseconds are launch/latency-bound.</p>
 </body></html>
 """
+
+
+def _ops_html(groups: list[str], limit: int = 8) -> str:
+    return "<br>".join(_esc(g) for g in groups[:limit]) + (" ..." if len(groups) > limit else "")
 
 
 def _gap_text(r: KernelRow) -> str:

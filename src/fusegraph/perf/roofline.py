@@ -90,12 +90,19 @@ def kernel_floor(kernel: Any, spec: DeviceSpec, nbytes: int | None = None) -> Fl
 
 
 def ops_with_sources(kernel: Any) -> list[str]:
-    """'op (file:line)' for each node the kernel fused, sources shown once per run of the same line."""
-    out = []
+    """The ops the kernel fused, grouped by the user's source line: 'file:line: op, op x2, op'."""
+    groups: list[tuple[str, list[str]]] = []
     for node in kernel.nodes:
-        src = f" ({node.source})" if getattr(node, "source", "") else ""
-        out.append(f"{node.op}{src}")
-    return out
+        src = getattr(node, "source", "") or "?"
+        if not groups or groups[-1][0] != src:
+            groups.append((src, []))
+        ops = groups[-1][1]
+        if ops and (ops[-1] == node.op or ops[-1].startswith(node.op + " x")):
+            count = int(ops[-1].split(" x")[1]) + 1 if " x" in ops[-1] else 2
+            ops[-1] = f"{node.op} x{count}"
+        else:
+            ops.append(node.op)
+    return [f"{src}: {', '.join(ops)}" for src, ops in groups]
 
 
 def user_lines(kernel: Any) -> list[str]:
