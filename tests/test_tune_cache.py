@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import multiprocessing
+import pickle
 import warnings
 from pathlib import Path
 
@@ -41,6 +43,7 @@ def test_config_is_plain_hashable_data():
     assert Config.from_json(json.loads(json.dumps(a.to_json()))) == a
     assert Config.of(flag=True) != Config.of(flag=1)
     assert (lambda **kw: kw)(**a) == dict(a)  # usable as launch keyword arguments
+    assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a
     with pytest.raises(KeyError, match="BLOCK_R"):
         a["BLOCK_R"]
     with pytest.raises(TypeError, match="values must be"):

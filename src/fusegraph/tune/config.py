@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ConfigValue = int | float | str | bool
@@ -23,6 +23,8 @@ _VALUE_TYPES = (int, float, str, bool)
 @dataclass(frozen=True, init=False, eq=True)
 class Config:
     values: Mapping[str, ConfigValue]
+    _sorted: tuple[tuple[str, ConfigValue], ...] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __init__(self, values: Mapping[str, ConfigValue] | None = None, /, **knobs: ConfigValue) -> None:
         if values is None and len(knobs) == 1 and isinstance(knobs.get("values"), Mapping):
@@ -36,20 +38,26 @@ class Config:
                 raise TypeError(f"Config knob {name}={value!r}: values must be int, float, str or bool, "
                                 f"not {type(value).__name__}")
         object.__setattr__(self, "values", types.MappingProxyType(merged))
+        # computed once: configs are hashed and serialized on every autotune lookup
+        object.__setattr__(self, "_sorted", tuple((k, merged[k]) for k in sorted(merged)))
+        object.__setattr__(self, "_hash", hash(tuple((k, type(v).__name__, v) for k, v in self._sorted)))
 
     @classmethod
     def of(cls, **knobs: ConfigValue) -> Config:
         return cls(knobs)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle/deepcopy: a mappingproxy does not pickle
+        return (Config, (dict(self.values),))
+
     def __hash__(self) -> int:
-        return hash(frozenset((k, (type(v).__name__, v)) for k, v in self.values.items()))
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Config):
             return NotImplemented
         # bool is an int in Python (True == 1); keep BLOCK=1 and flag=True apart.
-        return self.to_json() == other.to_json() and all(
-            type(v) is type(other.values[k]) for k, v in self.values.items())
+        return self._hash == other._hash and self._sorted == other._sorted and all(
+            type(a[1]) is type(b[1]) for a, b in zip(self._sorted, other._sorted, strict=True))
 
     def __getitem__(self, name: str) -> ConfigValue:
         try:
@@ -80,7 +88,7 @@ class Config:
 
     def to_json(self) -> dict[str, ConfigValue]:
         """A plain dict with sorted keys (stable for hashing and for files)."""
-        return {k: self.values[k] for k in sorted(self.values)}
+        return dict(self._sorted)
 
     @classmethod
     def from_json(cls, data: Any) -> Config:
