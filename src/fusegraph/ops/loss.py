@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..errors import DTypeError, InvalidValueError, ShapeError, UnsupportedError
 from ..ir import dtypes
-from ..ir.emit import Emitter
+from ..ir.emit import Emitter, user_source_line
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMPOSITE, Cost, define
 from ..ir.spec import TensorSpec
@@ -167,7 +167,7 @@ class LossMethods:
                       reduction: str = "mean", label_smoothing: float = 0.0, name: str | None = None) -> Any:
         """F.cross_entropy with class indices as targets (no class weights)."""
         if weight is not None:
-            raise UnsupportedError("cross_entropy: class weights are not supported")
+            raise UnsupportedError(f"op cross_entropy (at {user_source_line()}): class weights are not supported")
         return self._apply("cross_entropy", input, target, ignore_index=int(ignore_index), reduction=reduction,
                            label_smoothing=float(label_smoothing), name=name)
 

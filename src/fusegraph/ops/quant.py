@@ -180,17 +180,20 @@ def _quantize_dec(e: Emitter, xs: list[Node], a: Attrs, cd: str) -> tuple[Node, 
     qdtype = dtypes.canonical(a["dtype"])
     gran = a.get("granularity", "tensor")
     x = _with_blocks(e, upcast(e, xs[0], cd), a)
-    scale = _scale_node(e, xs, a, cd)
-    if scale is None:
+    given = _scale_node(e, xs, a, cd)
+    if given is None:  # amax over the last dim of the row or of the blocked view, kept for broadcasting
         dims = None if gran == "tensor" else (x.spec.rank - 1,)
-        amax = e.op("max", e.op("abs", x), dims=dims, keepdim=gran == "row")
+        amax = e.op("max", e.op("abs", x), dims=dims, keepdim=gran != "tensor")
         scale = e.op("div", e.op("maximum", amax, AMAX_FLOOR), QMAX[qdtype])
-    v = e.op("div", x, _scale_view(e, scale, a))
+        scale_out = reshape_to(e, scale, scale_shape(xs[0].shape, gran, a.get("block_size", 128)))
+    else:
+        scale, scale_out = _scale_view(e, given, a), given
+    v = e.op("div", x, scale)
     v = e.op("minimum", e.op("maximum", v, QMIN[qdtype]), QMAX[qdtype])
     if qdtype == "int8":
         v = _round_half_even(e, v)
     q = reshape_to(e, e.op("cast", v, dtype=qdtype), xs[0].shape)
-    return q, downcast(e, scale, "float32")
+    return q, downcast(e, scale_out, "float32")
 
 
 def _dequantize_dec(e: Emitter, xs: list[Node], a: Attrs, cd: str) -> Node:

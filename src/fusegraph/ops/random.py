@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidValueError, ShapeError
-from ..ir.emit import Emitter
+from ..ir.emit import Emitter, user_source_line
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMPOSITE, POINTWISE, Cost, define
 from ..ir.spec import TensorSpec
@@ -136,9 +136,9 @@ define("rand_uniform", _rand_infer, _rand_ref, num_inputs=(0, 0), props={POINTWI
 
 # ---- dropout ----
 
-def _check_p(p: Any) -> float:
+def _check_p(p: Any, where: str = "") -> float:
     if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= float(p) <= 1.0:
-        raise InvalidValueError(f"dropout probability p must be in [0, 1], got {p!r}")
+        raise InvalidValueError(f"{where}dropout probability p must be in [0, 1], got {p!r}")
     return float(p)
 
 
@@ -191,7 +191,7 @@ class RandomMethods:
                 seed: int = 0, offset: int = 0, name: str | None = None) -> Any:
         """F.dropout, seeded: the same (seed, offset) drops the same elements in every backend.
         `inplace` is accepted for signature compatibility (graphs are functional)."""
-        if not training:
-            _check_p(p)
+        if not training:  # no node is made; the check still names the op and the user's line
+            _check_p(p, f"op dropout (at {user_source_line()}): ")
             return input
         return self._apply("dropout", input, p=p, seed=seed, offset=offset, name=name)
