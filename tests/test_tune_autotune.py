@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -171,3 +173,23 @@ def test_bench_ms_host_clock_median(monkeypatch):
         time.sleep(0.001)
     ms = bench_ms(sleep_1ms, warmup_ms=2, rep_ms=20)
     assert 0.9 <= ms < 20
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("with_rich", [True, False])
+def test_progress_on_a_terminal(monkeypatch, with_rich: bool):
+    if not with_rich:
+        monkeypatch.setitem(sys.modules, "rich.progress", None)  # import fails: the one-line counter
+    else:
+        pytest.importorskip("rich")
+    stream = _Terminal()
+    with progress.TuningProgress("fused_softmax_0", 3, stream=stream, show_after_s=0.0) as bar:
+        for ms in (0.3, None, 0.1):
+            bar.advance(ms)
+    out = stream.getvalue()
+    assert "fused_softmax_0" in out and "3/3" in out and "best 0.1 ms" in out
+    assert ("\r" in out and "fusegraph: tuning" in out) if not with_rich else "━" in out
