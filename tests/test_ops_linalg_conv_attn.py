@@ -307,3 +307,16 @@ def test_attention_errors() -> None:
         g.scaled_dot_product_attention(g.tensor((2, 5, 8)), q, q)
     with pytest.raises(fg.ShapeError, match=r"op sdpa_backward.*grad_out has shape \(1, 2, 4, 8\)"):
         g.sdpa_backward(g.tensor((1, 2, 4, 8)), q, q, q, q)
+
+
+def test_reference_matmul_restores_the_users_fp32_precision() -> None:
+    g = fg.Graph()
+    a = g.tensor((4, 4))
+    g.matmul(a, a).set_output()
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        fg.reference(g)(torch.randn(4, 4))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -25,6 +25,7 @@ from ..ir.node import Attrs
 from ..ir.registry import MATMUL, Cost, define
 from ..ir.spec import TensorSpec
 from . import _rules as R
+from .linalg import exact_fp32_matmul
 
 AttnDims = tuple[int, int, int, int, int, int, int]  # B, H, Hk, Sq, Sk, D, Dv
 
@@ -117,6 +118,11 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
 
 
 def _sdpa_ref(xs: list[torch.Tensor], a: Any) -> Any:
+    with exact_fp32_matmul():
+        return _sdpa_math(xs, a)
+
+
+def _sdpa_math(xs: list[torch.Tensor], a: Any) -> Any:
     q, k, v = xs[:3]
     mask = xs[3] if a.get("has_mask", False) else None
     probs, lse = attention_probs(q, k, mask, a)
@@ -175,6 +181,11 @@ def _group_sum(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _sdpa_bwd_ref(xs: list[torch.Tensor], a: Any) -> tuple[torch.Tensor, ...]:
+    with exact_fp32_matmul():
+        return _sdpa_bwd_math(xs, a)
+
+
+def _sdpa_bwd_math(xs: list[torch.Tensor], a: Any) -> tuple[torch.Tensor, ...]:
     # `out` and `lse` are statistics a kernel reuses; the reference recomputes P from q and k.
     grad_out, q, k, v, _, mask, _ = _bwd_inputs(xs, a)
     scale = a.get("scale")

@@ -99,6 +99,13 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+def _exact_fp32() -> Any:
+    """cuDNN convolutions default to TF32 for fp32 on GPUs; the reference defines fp32 semantics."""
+    cudnn = torch.backends.cudnn
+    return cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                       allow_tf32=False)
+
+
 def _torch_params(a: Any) -> dict[str, Any]:
     stride, padding, dilation, groups = conv_params(a)
     return {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
@@ -106,7 +113,8 @@ def _torch_params(a: Any) -> dict[str, Any]:
 
 def _conv_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
     bias = _acc(xs[2]) if len(xs) == 3 else None
-    return F.conv2d(_acc(xs[0]), _acc(xs[1]), bias, **_torch_params(a))
+    with _exact_fp32():
+        return F.conv2d(_acc(xs[0]), _acc(xs[1]), bias, **_torch_params(a))
 
 
 def _conv_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> Cost:
@@ -150,11 +158,13 @@ def _conv_bwd_weight_infer(specs: Sequence[TensorSpec], attrs: Attrs) -> TensorS
 
 
 def _conv_bwd_input_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    return torch.nn.grad.conv2d_input(list(a["input_shape"]), _acc(xs[1]), _acc(xs[0]), **_torch_params(a))
+    with _exact_fp32():
+        return torch.nn.grad.conv2d_input(list(a["input_shape"]), _acc(xs[1]), _acc(xs[0]), **_torch_params(a))
 
 
 def _conv_bwd_weight_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    return torch.nn.grad.conv2d_weight(_acc(xs[0]), list(a["weight_shape"]), _acc(xs[1]), **_torch_params(a))
+    with _exact_fp32():
+        return torch.nn.grad.conv2d_weight(_acc(xs[0]), list(a["weight_shape"]), _acc(xs[1]), **_torch_params(a))
 
 
 def _conv_bwd_input_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> Cost:

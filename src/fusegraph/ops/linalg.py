@@ -6,7 +6,8 @@ result has the inputs' dtype."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -67,6 +68,20 @@ def _matmul_infer(specs: Sequence[TensorSpec], attrs: Attrs) -> TensorSpec:
     return TensorSpec(shape, a.dtype, device=a.device)
 
 
+@contextmanager
+def exact_fp32_matmul() -> Iterator[None]:
+    """fp32 products at full precision even where the user allowed TF32: the reference defines fp32."""
+    previous = torch.get_float32_matmul_precision()
+    if previous == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def _acc(t: torch.Tensor) -> torch.Tensor:
     """fp32 accumulation for low-precision floats; float64 stays float64."""
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
@@ -78,7 +93,8 @@ def _matmul_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
         lhs = lhs.transpose(-1, -2)
     if a.get("trans_b", False):
         rhs = rhs.transpose(-1, -2)
-    return torch.matmul(lhs, rhs)
+    with exact_fp32_matmul():
+        return torch.matmul(lhs, rhs)
 
 
 def _matmul_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], attrs: Attrs) -> Cost:
@@ -115,7 +131,8 @@ def _linear_infer(specs: Sequence[TensorSpec], attrs: Attrs) -> TensorSpec:
 
 def _linear_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
     bias = _acc(xs[2]) if len(xs) == 3 else None
-    return torch.nn.functional.linear(_acc(xs[0]), _acc(xs[1]), bias)
+    with exact_fp32_matmul():
+        return torch.nn.functional.linear(_acc(xs[0]), _acc(xs[1]), bias)
 
 
 def _linear_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], attrs: Attrs) -> Cost:
