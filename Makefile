@@ -1,10 +1,14 @@
-# `make demo` and `make test` do all the set-up on a fresh machine (a venv in .venv).
+# `make demo` and `make test` do all the set-up on a fresh machine: a virtual environment in .venv,
+# the pinned torch/triton, this package (editable) with its dev tools, then the run.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch 2.13.0 is the CPU build CI machines carry on disk; the GPU machine runs its own torch.
+# torch 2.13.0 (the CPU build on CI machines) and the GPU machine's triton; override on the command line.
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.6.0
+# pytest workers for `make unit`
+JOBS ?= 2
+LINT_PATHS := src tests $(wildcard bench)
 
 .PHONY: install demo test lint unit clean
 
@@ -17,15 +21,20 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Without a GPU the demo's generated Triton kernels run under Triton's CPU interpreter.
 demo: install
-	$(VENV)/bin/fusegraph demo
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(VENV)/bin/fusegraph demo; \
+	else \
+		TRITON_INTERPRET=1 $(VENV)/bin/fusegraph demo; \
+	fi
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
 unit: install
-	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q -n 2 tests
+	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q -n $(JOBS) tests
 
 test: lint unit
 
