@@ -66,3 +66,13 @@ def test_readme_layout_paths_exist() -> None:
     assert paths
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"README's project layout names paths that do not exist: {missing}"
+
+
+def test_readme_cli_commands_exist() -> None:
+    from fusegraph.cli import build_parser
+
+    documented = set(re.findall(r"^\| `fusegraph ([a-z]+)", README, flags=re.MULTILINE))
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    known = set(sub.choices)  # type: ignore[arg-type]
+    assert {"demo", "version"} <= documented
+    assert documented <= known, f"README documents commands that do not exist: {sorted(documented - known)}"

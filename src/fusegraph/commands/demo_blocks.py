@@ -4,6 +4,7 @@ PyTorch (torch.nn.functional) on the same tensors, so the two can be compared.""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import fusegraph as fg
+from fusegraph.ir.emit import USER_CODE_FILES
+
+USER_CODE_FILES.add(os.path.abspath(__file__))  # node sources point at the lines below, as for user code
 
 # Graph API methods the demo's blocks use; a build that lacks one cannot run the demo.
 TRANSFORMER_OPS = ("layernorm", "rmsnorm", "linear", "reshape", "transpose", "scaled_dot_product_attention",

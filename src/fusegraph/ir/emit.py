@@ -16,6 +16,8 @@ from .registry import get_op
 from .spec import TensorSpec
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Files inside the package that build graphs as a user would (the demo's blocks): their lines are shown.
+USER_CODE_FILES: set[str] = set()
 
 Operand = Node | int | float | bool
 
@@ -25,7 +27,7 @@ def user_source_line() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR) and "importlib" not in filename:
+        if (not filename.startswith(_PACKAGE_DIR) or filename in USER_CODE_FILES) and "importlib" not in filename:
             return f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""
