@@ -28,6 +28,14 @@ class InvalidValueError(FusegraphError, ValueError):
     probabilities outside [0, 1], seeds out of range."""
 
 
+class SettingsError(FusegraphError, ValueError):
+    """A setting given a value it cannot take (from the environment or an override)."""
+
+
+class UnknownSettingError(SettingsError, AttributeError):
+    """A setting name that does not exist (also an AttributeError, so hasattr() works)."""
+
+
 class ExecutionError(FusegraphError):
     """Bad inputs at execute time: missing or extra feeds, wrong shape, dtype or device."""
 

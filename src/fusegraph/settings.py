@@ -1,8 +1,16 @@
-"""One typed registry of settings: default, help text, environment variable, and a test override.
+"""One typed registry of settings: type, default, help text, environment variable, and a scoped
+override for tests. Precedence: override > environment > default.
 
     from fusegraph.settings import settings, override
     settings.debug            # reads FUSEGRAPH_DEBUG (int), default 0
     with override(debug=2): ...
+
+FUSEGRAPH_DEBUG levels (each includes the ones below it):
+    0  silent
+    1  print each built graph after the passes; verify the IR between passes
+    2  also print the plan: its launch list, what each kernel reads and writes, bytes and FLOPs
+    3  also print each kernel's generated source
+    4  also print the graph after every single pass
 """
 
 from __future__ import annotations
@@ -14,9 +22,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import SettingsError, UnknownSettingError
 
-def _parse_bool(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def parse_int(text: str) -> int:
+    return int(text.strip())
+
+
+def parse_str(text: str) -> str:
+    return text
 
 
 def _default_cache_dir() -> str:
@@ -27,35 +53,58 @@ def _default_cache_dir() -> str:
 @dataclass(frozen=True)
 class Setting:
     name: str
+    type: type
     env: str
     parse: Callable[[str], Any]
     default: Callable[[], Any]
     help: str
 
+    def coerce(self, value: Any, origin: str) -> Any:
+        """A value of this setting's type from a string (parsed) or a value of the right type."""
+        if isinstance(value, str) and self.type is not str:
+            try:
+                return self.parse(value)
+            except ValueError as err:
+                raise SettingsError(f"setting {self.name} ({origin}): cannot read {value!r} as "
+                                    f"{self.type.__name__}: {err}") from None
+        if (self.type is int and isinstance(value, bool)) or not isinstance(value, self.type):
+            raise SettingsError(f"setting {self.name} ({origin}): expected {self.type.__name__}, "
+                                f"got {type(value).__name__} {value!r}")
+        return value
+
 
 _SETTINGS: dict[str, Setting] = {}
+_PARSERS: dict[type, Callable[[str], Any]] = {bool: parse_bool, int: parse_int, str: parse_str}
 
 
-def _register(name: str, parse: Callable[[str], Any], default: Callable[[], Any], help: str) -> None:
-    _SETTINGS[name] = Setting(name, "FUSEGRAPH_" + name.upper(), parse, default, help)
+def _register(name: str, kind: type, default: Callable[[], Any], help: str) -> None:
+    _SETTINGS[name] = Setting(name, kind, "FUSEGRAPH_" + name.upper(), _PARSERS[kind], default, help)
 
 
 _register("debug", int, lambda: 0,
-          "Detail of what the compiler prints: 1 graph after passes, 2 kernels, 3 sources, 4 every pass.")
+          "What the compiler prints: 1 each built graph (and verify between passes), 2 + the plan "
+          "(launch list, bytes, FLOPs), 3 + generated kernel sources, 4 + the graph after every pass.")
 _register("dump_dir", str, lambda: "",
           "When set, every stage (graphs, kernel sources, plans) is written to files in this folder.")
 _register("cache_dir", str, _default_cache_dir,
           "Where autotuning choices and compiled-kernel metadata are cached.")
-_register("verify", _parse_bool, lambda: False,
+_register("verify", bool, lambda: False,
           "Run the IR verifier between passes (always on when debug >= 1).")
-_register("autotune", _parse_bool, lambda: True,
+_register("autotune", bool, lambda: True,
           "Time candidate configurations on the GPU; off picks the cost model's first choice.")
-_register("use_triton", _parse_bool, lambda: True,
+_register("use_triton", bool, lambda: True,
           "Lower fused kernels to generated Triton code (GPU, or CPU under TRITON_INTERPRET=1).")
-_register("cuda_graphs", _parse_bool, lambda: True,
+_register("cuda_graphs", bool, lambda: True,
           "Capture static Plans as one CUDA graph when that removes launch overhead.")
 _register("max_recompiles", int, lambda: 8,
           "How many input signatures one compiled function may be rebuilt for before it stays eager.")
+
+
+def setting(name: str) -> Setting:
+    """The definition of one setting; UnknownSettingError lists the known names."""
+    if name not in _SETTINGS:
+        raise UnknownSettingError(f"unknown setting {name!r}; known: {', '.join(sorted(_SETTINGS))}")
+    return _SETTINGS[name]
 
 
 class _Settings:
@@ -67,13 +116,20 @@ class _Settings:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        if name not in _SETTINGS:
-            raise AttributeError(f"unknown setting {name!r}; known: {', '.join(sorted(_SETTINGS))}")
+        s = setting(name)
         if name in self._overrides:
             return self._overrides[name]
-        s = _SETTINGS[name]
         raw = os.environ.get(s.env)
-        return s.parse(raw) if raw not in (None, "") else s.default()
+        return s.coerce(raw, f"environment variable {s.env}") if raw not in (None, "") else s.default()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        raise SettingsError(f"settings are read-only; use `with override({name}=...)` or set {setting(name).env}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(_SETTINGS)
 
     def describe(self) -> list[tuple[str, str, Any, str]]:
         """(name, env var, current value, help) for each setting."""
@@ -83,14 +139,22 @@ class _Settings:
 settings = _Settings()
 
 
+def help_text() -> str:
+    """Every setting, its environment variable, type, current value and help (for the CLI)."""
+    lines = []
+    for s in _SETTINGS.values():
+        lines.append(f"{s.env} ({s.type.__name__}, now {getattr(settings, s.name)!r})")
+        lines.append(f"    {s.help}")
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
-    """Temporarily set settings (tests use this instead of touching the environment)."""
-    for key in values:
-        if key not in _SETTINGS:
-            raise AttributeError(f"unknown setting {key!r}")
+    """Temporarily set settings (tests use this instead of touching the environment). Strings are
+    parsed like environment values; other values must have the setting's type."""
+    checked = {key: setting(key).coerce(value, "override") for key, value in values.items()}
     saved = dict(settings._overrides)
-    settings._overrides.update(values)
+    settings._overrides.update(checked)
     try:
         yield
     finally:
