@@ -45,6 +45,8 @@ def load_triton_function(source: str, name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
+    if interpreting() and hasattr(module, "libdevice"):
+        module.libdevice = _NumpyLibdevice()  # the interpreter has no libdevice
     fn = getattr(module, name)
     _LOADED[key] = fn
     return fn
@@ -84,3 +86,30 @@ def _bf16_bits_rne(values: Any) -> Any:
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
     return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+class _NumpyLibdevice:
+    """libdevice for Triton's interpreter: each function applied with numpy to the tile's data."""
+
+    _NAMES = {"pow": "power", "atan2": "arctan2", "asin": "arcsin", "acos": "arccos", "atan": "arctan",
+              "asinh": "arcsinh", "acosh": "arccosh", "atanh": "arctanh", "rint": "rint"}
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        fn = getattr(np, self._NAMES.get(name, name), None)
+        if fn is None:
+            if name == "erf":
+                return tl.erf
+            raise AttributeError(f"libdevice.{name} has no interpreter implementation")
+
+        def call(*args: Any) -> Any:
+            tensors = [a for a in args if isinstance(a, tl.tensor)]
+            like = max(tensors, key=lambda t: t.handle.data.size)
+            data = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+            out = np.asarray(fn(*data)).astype(like.handle.data.dtype)
+            return tl.tensor(TensorHandle(out, like.dtype.scalar), like.type)
+
+        return call

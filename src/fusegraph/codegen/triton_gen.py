@@ -57,6 +57,7 @@ class _Writer:
         self.out_ptr = {e.key: f"out{k}" for k, e in enumerate(group.stores)}
         self.expr: dict[str, str] = {}
         self.lines: list[str] = []
+        self.zero_index = "0"  # an index expression of the tile's shape that is always 0
         self.wide = max([_max_offset(n) for n in self.inputs + self.outputs] + [0]) > INT32_LIMIT
 
     def emit(self, line: str, indent: int = 1) -> None:
@@ -73,7 +74,7 @@ class _Writer:
             if d is None or node.shape[k] == 1:
                 continue
             terms.append(dimvar[d] if strides[k] == 1 else f"{dimvar[d]} * {strides[k]}")
-        return " + ".join(terms) or "0"
+        return " + ".join(terms) or self.zero_index
 
     def value(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
         """Emit the line computing `entry` (not for reductions)."""
@@ -118,7 +119,7 @@ class _Writer:
 
     def store(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
         out = self.out_ptr[entry.key]
-        off = self.offset(entry.node, entry.emb, dimvar) if entry.node.shape else "0"
+        off = self.offset(entry.node, entry.emb, dimvar)
         value = self.expr[entry.key]
         self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask={mask})", indent)
 
@@ -178,6 +179,7 @@ class _PointwiseWriter(_Writer):
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
         self.emit(f"mask = offs < {numel}")
+        self.zero_index = "offs * 0"
         index_lines, dimvar = _index_vars(shape, tuple(range(len(shape))), "offs", "i")
         contiguous = contiguous_strides(shape)
         needs_index = any(e.kind == "gen" for e in self.group.entries)
@@ -229,6 +231,7 @@ class _ReductionWriter(_Writer):
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
         self.emit(f"rmask = rows < {rows}")
+        self.zero_index = "rows * 0"
         kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
         for line in kept_lines:
             self.emit(line)

@@ -117,7 +117,8 @@ def fusable(node: Node) -> bool:
     if any(not _supported_dtype(s.dtype) for s in (node.spec, *(i.spec for i in node.inputs))):
         return False
     if opdef.has(REDUCTION):
-        return opdef.extra.get("combine") in COMBINES and dtypes.is_float(node.dtype)
+        reduces_something = any(node.inputs[0].shape[d] != 1 for d in _reduced_dims(node))
+        return opdef.extra.get("combine") in COMBINES and dtypes.is_float(node.dtype) and reduces_something
     if node.op == "cast":
         return True
     if opdef.has(VIEW):
@@ -170,37 +171,54 @@ def _supported_dtype(dtype: str) -> bool:
     return dtype not in dtypes.FP8 and dtype != "float64"
 
 
+def squeeze_map(shape: tuple[int, ...]) -> list[int | None]:
+    """For each dim of `shape`, its index among the dims of size > 1 (None for size-1 dims).
+    Domains are kept squeezed, so [B, 1, N] and [B, N] iterate the same space."""
+    out: list[int | None] = []
+    k = 0
+    for size in shape:
+        out.append(None if size == 1 else k)
+        k += size != 1
+    return out
+
+
+def _reduced_dims(node: Node) -> tuple[int, ...]:
+    rank = len(node.inputs[0].shape)
+    dims = node.attrs.get("dims")
+    return tuple(range(rank)) if dims is None else tuple(sorted({d % max(rank, 1) for d in dims}))
+
+
 def natural_embedding(node: Node, domain: Domain) -> Embedding:
     """Where a reduction's result lives in its own domain."""
+    src = node.inputs[0].shape
+    where = squeeze_map(src)
+    dims = _reduced_dims(node)
     if node.attrs.get("keepdim", False):
-        return tuple(None if d in domain.reduced else d for d in range(len(domain.shape)))
-    return domain.kept
+        return tuple(None if d in dims else where[d] for d in range(len(src)))
+    return tuple(where[d] for d in range(len(src)) if d not in dims)
 
 
 def reduction_domain(node: Node) -> Domain:
     src = node.inputs[0].shape
-    dims = node.attrs.get("dims")
-    rank = len(src)
-    reduced = tuple(range(rank)) if dims is None else tuple(sorted(d % max(rank, 1) for d in dims))
-    return Domain(tuple(src), reduced)
+    where = squeeze_map(src)
+    reduced = tuple(w for d in _reduced_dims(node) if (w := where[d]) is not None)
+    return Domain(tuple(s for s in src if s != 1), reduced)
 
 
 def anchor_embedding(node: Node, domain: Domain) -> Embedding | None:
     """How a value written by a kernel of `domain` is placed in it, or None if it does not fit:
-    shape F, or F with some dims 1 that cover every kept dim (a per-row value), or the kept shape."""
+    its dims of size > 1 are, in order, all dims of F (a full value) or, in a reduction, the kept
+    dims of F (one value per row)."""
     if get_op(node.op).has(REDUCTION) and fusable(node):
         return natural_embedding(node, domain) if reduction_domain(node) == domain else None
-    shape, full = node.shape, domain.shape
-    if shape == full:
-        return tuple(range(len(full)))
-    if len(shape) == len(full) and all(s in (1, f) for s, f in zip(shape, full, strict=True)):
-        emb = tuple(None if s == 1 and f != 1 else d for d, (s, f) in enumerate(zip(shape, full, strict=True)))
-        covered = {d for d in emb if d is not None}
-        if all(d in covered or full[d] == 1 for d in domain.kept) and domain.is_reduction:
-            return emb
-        return None
-    if domain.is_reduction and shape == tuple(full[d] for d in domain.kept):
-        return domain.kept
+    big = [d for d, s in enumerate(node.shape) if s != 1]
+    sizes = [node.shape[d] for d in big]
+    for target in (tuple(range(len(domain.shape))), domain.kept if domain.is_reduction else None):
+        if target is not None and sizes == [domain.shape[t] for t in target]:
+            emb: list[int | None] = [None] * len(node.shape)
+            for d, t in zip(big, target, strict=True):
+                emb[d] = t
+            return tuple(emb)
     return None
 
 
@@ -222,26 +240,26 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
         key = (node.id, emb)
         if key in entries:
             return entries[key]
-        name = f"v{len(entries)}_{_ident(node.name)}"
         if is_literal(node):
-            entry = Entry(name, node, emb, "literal", full=False)
+            entry = Entry("", node, emb, "literal", full=False)
         elif (node.id in boundary and node.id not in own) or node.op == "input" or not fusable(node):
-            entry = Entry(name, node, emb, "load", full=_is_full(emb, domain))
+            entry = Entry("", node, emb, "load", full=_is_full(emb, domain))
         elif is_generator(node):
-            entry = Entry(name, node, emb, "gen", full=_is_full(emb, domain))
+            entry = Entry("", node, emb, "gen", full=_is_full(emb, domain))
         elif get_op(node.op).has(VIEW):
             arg = visit(node.inputs[0], view_input_embedding(node, emb))
-            entry = Entry(name, node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
+            entry = Entry("", node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
         elif get_op(node.op).has(REDUCTION):
             if reduction_domain(node) != domain or emb != natural_embedding(node, domain):
                 raise TraceError(f"{node.name}: reduction does not fit domain {domain}")
-            arg = visit(node.inputs[0], tuple(range(len(domain.shape))))
-            entry = Entry(name, node, emb, "reduce", (arg.key,), full=False, stage=arg.stage + 1)
+            arg = visit(node.inputs[0], tuple(squeeze_map(node.inputs[0].shape)))
+            entry = Entry("", node, emb, "reduce", (arg.key,), full=False, stage=arg.stage + 1)
         else:
             args = [visit(i, input_embedding(node.shape, emb, i.shape)) for i in node.inputs]
             stage = max((a.stage for a in args), default=0)
-            entry = Entry(name, node, emb, "op", tuple(a.key for a in args),
+            entry = Entry("", node, emb, "op", tuple(a.key for a in args),
                           full=any(a.full for a in args), stage=stage)
+        entry.key = f"v{len(order)}_{_ident(node.name)}"  # numbered when made: unique
         entries[key] = entry
         order.append(entry)
         return entry
@@ -306,6 +324,7 @@ def partition_graph(graph: Graph) -> Partition:
             group_of[anchor.id] = alone
         else:
             group_of[anchor.id] = target
+    _merge_same_domain(groups, group_of, boundary)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
     return Partition(_schedule(groups, library, graph))
@@ -314,14 +333,18 @@ def partition_graph(graph: Graph) -> Partition:
 def _own_domain(anchor: Node) -> Domain:
     if get_op(anchor.op).has(REDUCTION):
         return reduction_domain(anchor)
-    return Domain(anchor.shape)
+    return Domain(tuple(s for s in anchor.shape if s != 1))
 
 
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
                   boundary: set[int]) -> KernelGroup | None:
     """The producer group this anchor can join (latest first), merging in place; None if none."""
     producers = [group_of[e.node.id] for e in alone.loads if e.node.id in group_of]
-    for group in sorted({id(g): g for g in producers}.values(), key=groups.index, reverse=True):
+    reads = {e.node.id for e in alone.loads}
+    siblings = [g for g in groups if g.domain == alone.domain and any(e.node.id in reads for e in g.loads)]
+    ordered = sorted({id(g): g for g in producers}.values(), key=groups.index, reverse=True)
+    ordered += [g for g in reversed(siblings) if g not in ordered]  # same space, same data read
+    for group in ordered:
         domain = _merged_domain(group.domain, alone.domain, alone.anchors[0])
         if domain is None or _reaches(producers, group, group_of, exclude=group):
             continue
@@ -334,6 +357,53 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
         return group
     return None
+
+
+def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGroup], boundary: set[int]) -> None:
+    """Second round: merge groups of one domain that depend on each other or read the same data,
+    when no third kernel sits between them (greedy anchor order can leave such pairs apart)."""
+    def deps(g: KernelGroup) -> set[int]:
+        return {id(group_of[e.node.id]) for e in g.loads if e.node.id in group_of} - {id(g)}
+
+    by_id = {id(g): g for g in groups}
+
+    def path_avoiding(src: KernelGroup, dst: KernelGroup) -> bool:
+        stack = [by_id[d] for d in deps(src) if d != id(dst)]
+        seen: set[int] = set()
+        while stack:
+            g = stack.pop()
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+            if dst is not g and id(dst) in deps(g):
+                return True
+            stack.extend(by_id[d] for d in deps(g) if d not in seen)
+        return False
+
+    changed = True
+    while changed:
+        changed = False
+        for a in list(groups):
+            for b in list(groups):
+                if a is b or a.domain != b.domain or a not in groups or b not in groups:
+                    continue
+                related = id(a) in deps(b) or id(b) in deps(a) or \
+                    {e.node.id for e in a.loads} & {e.node.id for e in b.loads}
+                if not related or path_avoiding(a, b) or path_avoiding(b, a):
+                    continue
+                first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)
+                trial = KernelGroup(first.domain, first.anchors + second.anchors)
+                try:
+                    trace_group(trial, boundary)
+                except TraceError:
+                    continue
+                first.anchors, first.entries, first.loads, first.stores = \
+                    trial.anchors, trial.entries, trial.loads, trial.stores
+                for n in second.anchors:
+                    group_of[n.id] = first
+                groups.remove(second)
+                by_id.pop(id(second))
+                changed = True
 
 
 def _merged_domain(have: Domain, new: Domain, anchor: Node) -> Domain | None:
