@@ -31,8 +31,9 @@ def test_every_known_device_is_complete_and_sourced() -> None:
     assert DEVICES["H200"].bandwidth == 4.8e12 and DEVICES["B200"].rate("bf16") == 2.25e15
 
 
-@pytest.mark.parametrize("text,name", [("NVIDIA H200", "H200"), ("h100", "H100"), ("NVIDIA GeForce RTX 4090", "RTX4090"),
-                                       ("NVIDIA A100-SXM4-80GB", "A100"), ("l40s", "L40S"), ("B200", "B200")])
+@pytest.mark.parametrize("text,name", [("NVIDIA H200", "H200"), ("h100", "H100"),
+                                       ("NVIDIA GeForce RTX 4090", "RTX4090"), ("NVIDIA A100-SXM4-80GB", "A100"),
+                                       ("l40s", "L40S"), ("B200", "B200")])
 def test_names_map_to_specs(text: str, name: str) -> None:
     assert get_device(text).name == name
 

@@ -22,7 +22,7 @@ def plan_and_inputs():
 
 
 def test_plan_explain_table_on_cpu(plan_and_inputs) -> None:
-    plan, inputs = plan_and_inputs
+    plan, _ = plan_and_inputs
     text = plan.explain()
     assert "timings need a GPU" in text
     for k in plan.kernels:

@@ -157,19 +157,19 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                 rows += validate_plan(plan, spec, inputs, workload=str(name))
             print(validation_text(rows, spec))
             return 0
-        spec = spec_from_args(args)
-        if spec is None:
+        target_spec = spec_from_args(args)
+        if target_spec is None:
             print("error: whatif needs a device: --device NAME or a custom spec (--bandwidth 8TB/s --bf16 2.2PF); "
                   f"known devices: {', '.join(known_names())}", file=sys.stderr)
             return 2
         reference = effective_spec(None, use_calibration=not args.datasheet)
         if args.target:
             plan, _, title = load_target(args.target)
-            print(whatif_text(plan.kernels, spec, reference, title=title, host_launch=args.host_launch))
+            print(whatif_text(plan.kernels, target_spec, reference, title=title, host_launch=args.host_launch))
         else:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             for name, plan, _ in _suite_plans(args.suite, args.shapes, device):
-                print(whatif_text(plan.kernels, spec, reference, title=f"{name} ({args.shapes})",
+                print(whatif_text(plan.kernels, target_spec, reference, title=f"{name} ({args.shapes})",
                                   host_launch=args.host_launch))
                 print()
     except FusegraphError as err:

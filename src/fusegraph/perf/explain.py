@@ -7,6 +7,7 @@ it fused with the user's source lines; then totals and the top opportunities.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +137,7 @@ def measure_kernels(plan: Any, inputs: Sequence[torch.Tensor] | None = None) -> 
     all_args = kernel_arguments(plan, inputs)
     results = []
     for kernel, args in zip(plan.kernels, all_args, strict=True):
-        t = device_time(lambda k=kernel, a=args: k.launch(a), calls=20, repeats=5)
+        t = device_time(functools.partial(kernel.launch, args), calls=20, repeats=5)
         results.append((t.ms * 1e-3, t.method))
     return results
 
@@ -166,7 +167,7 @@ def analyze_plan(plan: Any, device_spec: DeviceSpec | str | None = None, measure
         measured, method = (timings[k] if timings else (None, ""))
         rows.append(KernelRow(k, kernel.name, kernel.kind, kernel.backend, kernel_floor(kernel, spec), measured,
                               ops_with_sources(kernel), user_lines(kernel), method))
-    name = title or getattr(getattr(plan, "graph", None), "name", "plan")
+    name = str(title or getattr(getattr(plan, "graph", None), "name", "plan"))
     return PlanReport(name, spec, rows, timings is not None, notes=notes)
 
 

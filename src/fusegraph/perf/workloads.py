@@ -214,7 +214,7 @@ WORKLOADS: tuple[Workload, ...] = (
              _bias_gelu_eager, lambda d, dev: _rows_and_vectors(d, dev, 1, 1),
              lambda d: 2 * d["M"] * d["N"] * 2 + d["N"] * 2, lambda d: 0, ("gelu",)),
     Workload("cross_entropy", "memory", {"small": _mn(64, 256), "full": _mn(32768, 4096)}, _ce_build,
-             lambda logits, labels: (F.cross_entropy(logits.float(), labels),), _ce_inputs,
+             lambda logits, labels: (F.cross_entropy(logits.float(), labels).to(logits.dtype),), _ce_inputs,
              lambda d: d["M"] * d["N"] * 2 + d["M"] * 8 + 4, lambda d: 0, ("cross_entropy",)),
     Workload("layernorm_backward", "memory", {"small": _mn(64, 256), "full": _mn(16384, 4096)}, _ln_bwd_build,
              _ln_bwd_eager, lambda d, dev: _rows_and_vectors(d, dev, 2, 1),
