@@ -205,7 +205,7 @@ def test_costs_are_minimum_bytes() -> None:
     q = g.quantize(g.tensor((16, 256), "bfloat16"), "int8", "row")[0]
     loss = g.cross_entropy(g.tensor((32, 100), "bfloat16"), g.tensor((32,), "int64"))
     it = g.iota((10, 4), 1)
-    for handle, expected_bytes in ((y, 8 * 3 * 25 * 2 * 2 + 3 * 4 + 3 * 2 * 2), (q, 16 * 256 * 3 + 16 * 4),
+    for handle, expected_bytes in ((y, 8 * 3 * 25 * 2 * 2 + 3 * 4 + 3 * 4 * 2), (q, 16 * 256 * 3 + 16 * 4),
                                    (loss, 32 * 100 * 2 + 32 * 8 + 2), (it, 10 * 4 * 8)):
         node = handle.node.inputs[0] if handle.node.op == "getitem" else handle.node
         cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)

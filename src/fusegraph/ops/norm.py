@@ -120,6 +120,11 @@ def batchnorm_param_names(a: Any) -> list[str]:
     return names + [n for n, flag in (("weight", "has_weight"), ("bias", "has_bias")) if a.get(flag)]
 
 
+def _stat_dtype(dtype: str) -> str:
+    """Batch statistics come out in at least float32 (running stats stay float32 under autocast)."""
+    return dtype if dtypes.itemsize(dtype) >= 4 else "float32"
+
+
 def _batchnorm_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec | tuple[TensorSpec, ...]:
     x = specs[0]
     _channel_input(x, "batchnorm")
@@ -132,7 +137,7 @@ def _batchnorm_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec | tupl
         return y
     if _batch_count(x.shape) < 2:
         raise ShapeError(f"batchnorm training needs more than one value per channel, input {x.shape}")
-    stat = TensorSpec((x.shape[1],), x.dtype, device=x.device)
+    stat = TensorSpec((x.shape[1],), _stat_dtype(x.dtype), device=x.device)
     return (y, stat, stat)
 
 
@@ -182,7 +187,8 @@ def _batchnorm_dec(e: Emitter, xs: list[Node], a: Attrs, cd: str) -> Any:
     channels = (x.shape[1],)
     mean_out = reshape_to(e, mean, channels)
     var_out = reshape_to(e, e.op("mul", sumsq, 1.0 / (n - 1)), channels)
-    return tuple(downcast(e, t, xs[0].dtype) for t in (y, mean_out, var_out))
+    stat = _stat_dtype(xs[0].dtype)
+    return downcast(e, y, xs[0].dtype), downcast(e, mean_out, stat), downcast(e, var_out, stat)
 
 
 def _groupnorm_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec:
@@ -233,7 +239,8 @@ define("batchnorm", _batchnorm_infer, _batchnorm_ref, num_inputs=(1, 5), props={
        doc="Batch normalization over [N, C, *spatial]. Inference (training=False): normalizes with "
            "running_mean / running_var, one output. Training: normalizes with batch statistics and "
            "returns (y, batch_mean, batch_var) with batch_var UNBIASED (what torch folds into "
-           "running_var); graphs are functional, so running stats are not updated in place: "
+           "running_var), statistics in at least float32; graphs are functional, so running stats are "
+           "not updated in place: "
            "new_running = (1 - momentum) * running + momentum * batch_stat (momentum is recorded).")
 define("groupnorm", _groupnorm_infer, _groupnorm_ref, num_inputs=(1, 3), props={COMPOSITE},
        cost_fn=_channel_norm_cost, decompose=_groupnorm_dec,
