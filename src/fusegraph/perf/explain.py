@@ -134,6 +134,7 @@ def measure_kernels(plan: Any, inputs: Sequence[torch.Tensor] | None = None) -> 
     launches (back-to-back when not capturable), median of 5."""
     if inputs is None:
         inputs = random_inputs(plan, "cuda")
+    inputs = [t.to("cuda") if isinstance(t, torch.Tensor) and t.device.type != "cuda" else t for t in inputs]
     all_args = kernel_arguments(plan, inputs)
     results = []
     for kernel, args in zip(plan.kernels, all_args, strict=True):
