@@ -38,7 +38,7 @@ LAYOUT = [
     OpCase("slice_empty", [make(4, 5)], lambda g, x: g.slice(x, -1, 4, 2), lambda x: x[:, 4:2]),
     OpCase("concat3", [make(2, 3, 4), make(2, 1, 4, transpose=(0, 1)), make(2, 5, 4, step=3)],
            lambda g, a, b, c: g.concat([a, b, c], dim=1), lambda a, b, c: torch.cat([a, b, c], 1), WITH_INT),
-    OpCase("concat_last_dim", [make(3, 2), make(3, 7)], lambda g, a, b: g.concat((a, b), -1),
+    OpCase("cat_last_dim", [make(3, 2), make(3, 7)], lambda g, a, b: g.cat((a, b), -1),
            lambda a, b: torch.cat([a, b], -1)),
     OpCase("pad_last", [make(3, 5)], lambda g, x: g.pad(x, (1, 2)), lambda x: F.pad(x, (1, 2)), WITH_INT),
     OpCase("pad_two_dims_value", [make(2, 3, 5, transpose=(1, 2))], lambda g, x: g.pad(x, (1, 0, 2, 3), value=2.5),

@@ -361,6 +361,10 @@ class LayoutMethods:
         """torch.cat(tensors, dim)."""
         return self._apply("concat", *tensors, dim=dim, name=name)
 
+    def cat(self, tensors: Sequence[Any], dim: int = 0, name: str | None = None) -> Any:
+        """torch.cat's name for concat."""
+        return self._apply("concat", *tensors, dim=dim, name=name)
+
     def pad(self, input: Any, pad: Sequence[int], mode: str = "constant", value: float = 0.0,
             name: str | None = None) -> Any:
         """F.pad in constant mode."""
