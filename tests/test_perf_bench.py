@@ -108,3 +108,30 @@ def test_full_shapes_refused_without_gpu(tmp_path) -> None:
         run_bench("memory", ["eager"], "full", tmp_path, show_progress=False)
     with pytest.raises(UnsupportedError, match="unknown --compare"):
         run_bench("memory", ["tvm"], "small", tmp_path, show_progress=False)
+
+
+def test_timed_path_bookkeeping_with_fake_clocks(monkeypatch) -> None:
+    """The GPU stage's arithmetic (% of floor, ratios, compile times, table) with fixed fake timings."""
+    from fusegraph.perf.timing import Timing
+
+    w = by_name("rmsnorm")
+
+    def fake_device_time(fn, calls=100, repeats=5, graph=True):  # fn is partial(impl, *inputs)
+        return Timing(0.4 if fn.func is w.eager else 0.2, "graph-replay", repeats)
+
+    monkeypatch.setattr(bench, "device_time", fake_device_time)
+    monkeypatch.setattr(bench, "call_latency", lambda fn, repeats=50: Timing(0.05, "per-call", repeats))
+    spec = get_device("H200")
+    result = run_workload(w, ["eager"], "small", "cpu", spec, bench.Progress(1, enabled=False), timed=True)
+    assert result.status == "ok"
+    fg_res, eager_res = result.impls["fusegraph"], result.impls["eager"]
+    assert fg_res.device_ms == 0.2 and eager_res.device_ms == 0.4 and fg_res.latency_ms == 0.05
+    floor = w.min_bytes(w.shapes["small"]) / spec.bandwidth * 1e3
+    assert result.floor_ms == pytest.approx(floor)
+    assert fg_res.pct_of_floor == pytest.approx(100 * floor / 0.2)
+    assert fg_res.compile_cold_s is not None and fg_res.compile_warm_s is not None
+    record = {"versions": {"gpu": "H200", "torch": "t", "triton": "t", "cuda": "c", "cudnn": "d", "fusegraph": "0"},
+              "shapes": "small", "device": "cuda", "spec": spec.to_json(), "timed": True,
+              "results": [bench.asdict(result)]}
+    table = markdown_table(record)
+    assert "| rmsnorm | ok |" in table and "2.00x" in table and "0.2000" in table

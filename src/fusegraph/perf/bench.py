@@ -174,7 +174,7 @@ def floor_ms(workload: Workload, dims: dict[str, int], spec: DeviceSpec) -> floa
 
 
 def run_workload(workload: Workload, compare: Sequence[str], shapes: str, device: str, spec: DeviceSpec,
-                 progress: Progress) -> WorkloadResult:
+                 progress: Progress, timed: bool | None = None) -> WorkloadResult:
     dims = dict(workload.shapes[shapes])
     result = WorkloadResult(workload.name, workload.suite, dims, workload.min_bytes(dims), workload.flops(dims),
                             floor_ms(workload, dims, spec))
@@ -182,7 +182,7 @@ def run_workload(workload: Workload, compare: Sequence[str], shapes: str, device
     if missing:
         result.status, result.note = "skipped", missing
         return result
-    timed = device == "cuda"
+    timed = device == "cuda" if timed is None else timed
     impl_names = ["fusegraph"] + [c for c in compare if c not in ("fusegraph", "jax") and applies(c, workload)]
     if not timed:  # torch.compile on CPU measures nothing we report; correctness is eager vs fusegraph
         impl_names = [n for n in impl_names if n in ("fusegraph", "eager")]
