@@ -198,6 +198,25 @@ def test_dropout_keeps_about_one_minus_p_and_streams_differ_by_seed_and_offset()
     assert torch.equal(a.flatten()[1:], c.flatten()[:-1])  # offset shifts the stream by one index
 
 
+def test_dropout_backward_is_dropout_of_the_gradient_with_the_same_seed() -> None:
+    x, grad = rand(9, 14), rand(9, 14)
+    g = fg.Graph(name="drop_bwd")
+    hx, hg = g.tensor_like(x), g.tensor_like(grad)
+    g.set_output(g.dropout(hx, 0.4, seed=21), g.dropout(hg, 0.4, seed=21))
+    y, dx = fg.reference(g)(x, grad)
+    leaf = x.clone().requires_grad_(True)
+    keep = uniform_np((9, 14), 21) >= 0.4
+    torch.where(keep, leaf / 0.6, 0.0).backward(grad)
+    assert torch.equal(y, torch.where(keep, x * (1 / 0.6), 0.0))
+    assert torch.allclose(dx, leaf.grad, rtol=1e-6, atol=0)
+
+
+def test_rms_norm_alias_defaults_eps_to_the_dtype_epsilon() -> None:
+    g = fg.Graph(name="rms_eps")
+    y = g.rms_norm(g.tensor((4, 8), "bfloat16"), (8,))
+    assert y.node.attrs["eps"] == torch.finfo(torch.bfloat16).eps
+
+
 def test_costs_are_minimum_bytes() -> None:
     g = fg.Graph(name="costs")
     x, w = g.tensor((8, 3, 5, 5), "bfloat16"), g.tensor((3,), "float32")

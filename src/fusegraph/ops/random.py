@@ -176,7 +176,8 @@ def _dropout_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attr
 
 define("dropout", _dropout_infer, _dropout_ref, props={COMPOSITE}, cost_fn=_dropout_cost,
        decompose=_dropout_dec,
-       doc="Training dropout: keeps x / (1 - p) where rand_uniform(x.shape, seed, offset) >= p.")
+       doc="Training dropout: keeps x / (1 - p) where rand_uniform(x.shape, seed, offset) >= p. Its "
+           "backward is dropout of the gradient with the same (p, seed, offset).")
 
 
 class RandomMethods:
