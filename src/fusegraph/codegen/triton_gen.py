@@ -83,7 +83,7 @@ class _Writer:
             assert opdef.triton is not None
             self.expr[entry.key] = opdef.triton([], entry.node.attrs)
             return
-        if entry.kind == "view" or _is_free_cast(entry.node):
+        if entry.kind == "view" or (_is_free_cast(entry.node) and not _narrows(entry.node)):
             self.expr[entry.key] = self.expr[entry.args[0]]
             return
         if entry.kind == "gen":
@@ -98,7 +98,11 @@ class _Writer:
             self.emit(f"{entry.key} = {load}", indent)
         else:
             args = [self.expr[a] for a in entry.args]
-            self.emit(f"{entry.key} = {_op_expr(entry.node, args)}", indent)
+            expr = _op_expr(entry.node, args)
+            low = entry.node.dtype in ("float16", "bfloat16")
+            if low:  # the op's result is a 16-bit value (as in the reference); compute stays fp32
+                expr = f"({expr}).to({TL_DTYPE[entry.node.dtype]}).to(tl.float32)"
+            self.emit(f"{entry.key} = {expr}", indent)
         self.expr[entry.key] = entry.key
 
     def _generator(self, entry: Entry, dimvar: dict[int, str]) -> str:
@@ -143,6 +147,10 @@ def _op_expr(node: Node, args: list[str]) -> str:
 def _is_free_cast(node: Node) -> bool:
     """float -> float casts cost nothing inside a kernel: values stay fp32, stores round."""
     return node.op == "cast" and dtypes.is_float(node.dtype) and dtypes.is_float(node.inputs[0].dtype)
+
+
+def _narrows(node: Node) -> bool:
+    return dtypes.itemsize(node.dtype) < dtypes.itemsize(node.inputs[0].dtype)
 
 
 def _max_offset(node: Node) -> int:

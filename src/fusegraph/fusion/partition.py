@@ -117,8 +117,7 @@ def fusable(node: Node) -> bool:
     if any(not _supported_dtype(s.dtype) for s in (node.spec, *(i.spec for i in node.inputs))):
         return False
     if opdef.has(REDUCTION):
-        reduces_something = any(node.inputs[0].shape[d] != 1 for d in _reduced_dims(node))
-        return opdef.extra.get("combine") in COMBINES and dtypes.is_float(node.dtype) and reduces_something
+        return opdef.extra.get("combine") in COMBINES and (dtypes.is_float(node.dtype) or is_unit_reduction(node))
     if node.op == "cast":
         return True
     if opdef.has(VIEW):
@@ -128,6 +127,11 @@ def fusable(node: Node) -> bool:
             return False
         return True
     return opdef.has(POINTWISE) and opdef.triton is not None
+
+
+def is_unit_reduction(node: Node) -> bool:
+    """A reduction over dims of size 1 only: the value itself, reshaped (a view)."""
+    return get_op(node.op).has(REDUCTION) and all(node.inputs[0].shape[d] == 1 for d in _reduced_dims(node))
 
 
 def is_generator(node: Node) -> bool:
@@ -149,7 +153,7 @@ def view_input_embedding(node: Node, emb: Embedding) -> Embedding:
         for i, p in enumerate(perm):
             out[p] = None if src.shape[p] == 1 else emb[i]
         return tuple(out)
-    if node.op == "reshape":
+    if node.op == "reshape" or is_unit_reduction(node):
         out_dims = [d for d, s in enumerate(node.shape) if s != 1]
         in_dims = [d for d, s in enumerate(src.shape) if s != 1]
         if [node.shape[d] for d in out_dims] != [src.shape[d] for d in in_dims]:
@@ -209,7 +213,7 @@ def anchor_embedding(node: Node, domain: Domain) -> Embedding | None:
     """How a value written by a kernel of `domain` is placed in it, or None if it does not fit:
     its dims of size > 1 are, in order, all dims of F (a full value) or, in a reduction, the kept
     dims of F (one value per row)."""
-    if get_op(node.op).has(REDUCTION) and fusable(node):
+    if get_op(node.op).has(REDUCTION) and fusable(node) and not is_unit_reduction(node):
         return natural_embedding(node, domain) if reduction_domain(node) == domain else None
     big = [d for d, s in enumerate(node.shape) if s != 1]
     sizes = [node.shape[d] for d in big]
@@ -246,7 +250,7 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
             entry = Entry("", node, emb, "load", full=_is_full(emb, domain))
         elif is_generator(node):
             entry = Entry("", node, emb, "gen", full=_is_full(emb, domain))
-        elif get_op(node.op).has(VIEW):
+        elif get_op(node.op).has(VIEW) or is_unit_reduction(node):
             arg = visit(node.inputs[0], view_input_embedding(node, emb))
             entry = Entry("", node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
         elif get_op(node.op).has(REDUCTION):
@@ -304,7 +308,7 @@ def partition_graph(graph: Graph) -> Partition:
                 library.append(node)
                 library_ids.add(node.id)
             continue
-        if needed_raw or get_op(node.op).has(REDUCTION):
+        if needed_raw or (get_op(node.op).has(REDUCTION) and not is_unit_reduction(node)):
             anchors.append(node)
 
     boundary = {n.id for n in anchors} | library_ids
@@ -331,7 +335,7 @@ def partition_graph(graph: Graph) -> Partition:
 
 
 def _own_domain(anchor: Node) -> Domain:
-    if get_op(anchor.op).has(REDUCTION):
+    if get_op(anchor.op).has(REDUCTION) and not is_unit_reduction(anchor):
         return reduction_domain(anchor)
     return Domain(tuple(s for s in anchor.shape if s != 1))
 

@@ -1,0 +1,169 @@
+"""Generated Triton kernels (run by Triton's interpreter on CPU) against the reference executor:
+odd sizes, one row, rows wide enough to force the looped path, non-contiguous inputs, float32 /
+float16 / bfloat16."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close, rand
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (rows, cols, max_row_block): the last case holds less than a row in registers -> looped path
+SHAPES = [(1, 7, None), (5, 33, None), (4, 300, 64), (17, 64, None)]
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _run(g: fg.Graph, feeds: list[torch.Tensor], max_row_block: int | None = None,
+         expect_kernels: int | None = None) -> None:
+    options = {} if max_row_block is None else {"max_row_block": max_row_block}
+    plan = g.build(**options)
+    computed = [k for k in plan.kernels if k.ops != ["constant"]]   # folded constants are buffers
+    assert all(k.backend == "triton" for k in computed), [(k.name, k.note) for k in plan.kernels]
+    if expect_kernels is not None:
+        assert len(computed) == expect_kernels
+    if max_row_block is not None:
+        assert any("for c0 in range" in k.source for k in computed)
+    outs = plan(*feeds)
+    refs = fg.reference(g)(*feeds)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    refs = refs if isinstance(refs, tuple) else (refs,)
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        assert_close(o, r, what=f"output {k}")
+
+
+def _add_layernorm(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x, r = g.tensor((m, n), _dt(dt), "x"), g.tensor((m, n), _dt(dt), "r")
+    w, b = g.tensor((n,), _dt(dt), "w"), g.tensor((n,), _dt(dt), "b")
+    h = g.add(x, r)
+    h.set_output()
+    g.layernorm(h, weight=w, bias=b).set_output()
+    return [rand(m, n, dtype=dt), rand(m, n, dtype=dt), rand(n, dtype=dt), rand(n, dtype=dt)]
+
+
+def _softmax(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x = g.tensor((m, n), _dt(dt), "x")
+    g.softmax(g.mul(x, 3.0), -1).set_output()
+    return [rand(m, n, dtype=dt)]
+
+
+def _log_softmax(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x = g.tensor((m, n), _dt(dt), "x")
+    g.log_softmax(x, -1).set_output()
+    return [rand(m, n, dtype=dt)]
+
+
+def _rmsnorm(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x, w = g.tensor((m, n), _dt(dt), "x"), g.tensor((n,), _dt(dt), "w")
+    g.rmsnorm(x, weight=w).set_output()
+    return [rand(m, n, dtype=dt), rand(n, dtype=dt)]
+
+
+def _bias_gelu(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x, b = g.tensor((m, n), _dt(dt), "x"), g.tensor((n,), _dt(dt), "b")
+    g.gelu(g.add(x, b), approximate="tanh").set_output()
+    g.gelu(x).set_output()
+    return [rand(m, n, dtype=dt), rand(n, dtype=dt)]
+
+
+def _cross_entropy(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    x, t = g.tensor((m, n), _dt(dt), "x"), g.tensor((m,), "int64", "t")
+    g.cross_entropy(x, t).set_output()
+    return [rand(m, n, dtype=dt), torch.randint(0, n, (m,))]
+
+
+def _layernorm_backward(g: fg.Graph, m: int, n: int, dt: torch.dtype) -> list[torch.Tensor]:
+    gy, x, w = g.tensor((m, n), _dt(dt), "g"), g.tensor((m, n), _dt(dt), "x"), g.tensor((n,), _dt(dt), "w")
+    for out in g.layernorm_backward(gy, x, weight=w):
+        out.set_output()
+    return [rand(m, n, dtype=dt), rand(m, n, dtype=dt), rand(n, dtype=dt)]
+
+
+WORKLOADS: dict[str, Callable[[fg.Graph, int, int, torch.dtype], list[torch.Tensor]]] = {
+    "add_layernorm": _add_layernorm, "softmax": _softmax, "log_softmax": _log_softmax,
+    "rmsnorm": _rmsnorm, "bias_gelu": _bias_gelu, "cross_entropy": _cross_entropy,
+    "layernorm_backward": _layernorm_backward,
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}{'-looped' if s[2] else ''}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_workload_matches_reference(workload: str, dtype: torch.dtype, shape: tuple[int, int, int | None]) -> None:
+    m, n, block = shape
+    if workload == "bias_gelu" and block is not None:
+        pytest.skip("pointwise: no rows to loop over")
+    g = fg.Graph(workload)
+    feeds = WORKLOADS[workload](g, m, n, dtype)
+    _run(g, feeds, max_row_block=block)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
+def test_non_contiguous_inputs(dtype: torch.dtype) -> None:
+    g = fg.Graph("strided")
+    x, r = g.tensor((9, 21), _dt(dtype), "x"), g.tensor((9, 21), _dt(dtype), "r")
+    h = g.add(x, r)
+    h.set_output()
+    g.layernorm(h).set_output()
+    xt = rand(21, 9, dtype=dtype).t()          # transposed
+    rs = rand(9, 42, dtype=dtype)[:, ::2]      # every other column
+    _run(g, [xt, rs])
+
+
+def test_reductions_over_inner_and_outer_dims_of_3d() -> None:
+    g = fg.Graph("3d")
+    x = g.tensor((3, 10, 7), "float32", "x")
+    g.sum(x, (0, 2)).set_output()           # kept dim in the middle
+    g.max(x, 1, keepdim=True).set_output()  # column-like: the contiguous dim is kept
+    g.mean(x, 2).set_output()
+    g.min(x, None).set_output()
+    _run(g, [rand(3, 10, 7)])
+
+
+def test_column_reduction_looped_over_many_rows() -> None:
+    g = fg.Graph("colsum")
+    x = g.tensor((300, 5), "float32", "x")
+    g.sum(g.exp(x), 0).set_output()
+    _run(g, [rand(300, 5)])
+
+
+def test_broadcast_row_and_column_vectors() -> None:
+    g = fg.Graph("bcast")
+    x = g.tensor((2, 5, 13), "float16", "x")
+    col = g.tensor((5, 1), "float16", "col")
+    row = g.tensor((13,), "float32", "row")
+    g.where(g.gt(x, 0.0), g.mul(x, col), g.add(x, row)).set_output()
+    _run(g, [rand(2, 5, 13, dtype=torch.float16), rand(5, 1, dtype=torch.float16), rand(13)],
+         expect_kernels=1)
+
+
+def test_views_fold_into_indexing() -> None:
+    g = fg.Graph("views")
+    x = g.tensor((6, 11), "float32", "x")
+    y = g.transpose(g.exp(x), 0, 1)            # [11, 6]
+    g.add(y, g.expand(g.reshape(g.sum(x, 1), 1, 6), 11, 6)).set_output()
+    _run(g, [rand(6, 11)])
+
+
+def test_iota_and_dropout_generators() -> None:
+    g = fg.Graph("gen")
+    x = g.tensor((7, 19), "float32", "x")
+    g.dropout(x, p=0.3, seed=5).set_output()
+    g.add(x, g.iota((7, 19), dim=1, dtype="float32")).set_output()
+    _run(g, [rand(7, 19)], expect_kernels=1)
+
+
+def test_integer_and_bool_inputs() -> None:
+    g = fg.Graph("ints")
+    x = g.tensor((4, 9), "int32", "x")
+    m = g.tensor((4, 9), "bool", "m")
+    g.where(m, g.cast(x, "float32"), g.neg(g.cast(x, "float32"))).set_output()
+    g.gt(x, 2).set_output()
+    _run(g, [torch.randint(-5, 5, (4, 9), dtype=torch.int32), torch.rand(4, 9) > 0.5])
