@@ -46,16 +46,20 @@ def roofline_png_bytes(report: PlanReport) -> bytes:
                     label=f"{key} roof {peak / 1e12:.0f} TF/s")
     for r in report.rows:
         x = max(r.floor.intensity, MIN_INTENSITY) if r.floor.bytes else hi / 4
+        # at the floor a kernel sits on its roof; a measured one sits below it by its % of floor.
+        # Kernels without FLOPs are drawn at MIN_INTENSITY on the memory roof, scaled the same way.
+        y_floor = r.floor.flops / r.floor.seconds if r.floor.flops and r.floor.seconds else spec.bandwidth * x
+        color = colors.get(r.floor.rate_key, "#333")
         if r.measured_s:
-            y = max(r.floor.flops, 1) / r.measured_s
-            ax.scatter([x], [y], color=colors.get(r.floor.rate_key, "#333"), zorder=3, s=28)
+            y = y_floor * r.floor.seconds / r.measured_s
+            ax.scatter([x], [y], color=color, zorder=3, s=28)
         else:
-            y = max(r.floor.flops, 1) / max(r.floor.seconds, 1e-12)
-            ax.scatter([x], [y], facecolors="none", edgecolors=colors.get(r.floor.rate_key, "#333"), zorder=3, s=28)
+            y = y_floor
+            ax.scatter([x], [y], facecolors="none", edgecolors=color, zorder=3, s=28)
         ax.annotate(r.name[:24], (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte of min traffic)")
+    ax.set_xlabel(f"arithmetic intensity (FLOP / byte of min traffic; no-FLOP kernels at {MIN_INTENSITY})")
     ax.set_ylabel("FLOP/s")
     what = "measured" if report.measured else "at floor (no timings: hollow)"
     ax.set_title(f"{report.title} on {spec.name}: kernels {what}; memory roof {spec.bandwidth / 1e12:.2f} TB/s",
