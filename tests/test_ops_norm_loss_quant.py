@@ -144,7 +144,7 @@ def uniform_np(shape: tuple[int, ...], seed: int, offset: int = 0) -> torch.Tens
     with np.errstate(over="ignore"):
         key = _fmix32_np(np.array([(seed * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF], dtype=np.uint32))[0]
         i = (np.arange(int(np.prod(shape)), dtype=np.uint64) + offset).astype(np.uint32)
-        h = _fmix32_np(i ^ key)
+        h = _fmix32_np((i * np.uint32(0x9E3779B1)) ^ key)
     return torch.from_numpy((h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)).reshape(shape)
 
 

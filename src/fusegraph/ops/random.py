@@ -4,7 +4,7 @@
 linear index i of `shape` is
 
     key = fmix32((seed * 0x9E3779B9 + 0x632BE5AB) mod 2**32)      # per node, computed in Python
-    h   = fmix32(((i + offset) mod 2**32) XOR key)
+    h   = fmix32((((i + offset) * 0x9E3779B1) mod 2**32) XOR key)
     u   = (h >> 8) * 2**-24                                         # in [0, 1), exact in float32
 
 where fmix32 is murmur3's 32-bit finalizer (all arithmetic on uint32 with wraparound):
@@ -12,6 +12,9 @@ where fmix32 is murmur3's 32-bit finalizer (all arithmetic on uint32 with wrapar
     h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16
 
 so the reference (torch, int64 masked to 32 bits) and generated Triton code agree bit for bit.
+The odd multiplier spreads neighbouring indices before the key is mixed in, so that two seeds'
+streams are not simple permutations (XOR by key1 ^ key2) of each other; every step is a
+bijection on uint32, so one stream never repeats a value at two indices < 2**32.
 Being pure, rand_uniform needs no RANDOM property: CSE may merge nodes with equal
 (shape, seed, offset), which then are equal values. Use different seeds or offsets for
 independent streams. numel + offset must stay <= 2**32 (indices would wrap and repeat).
@@ -41,6 +44,7 @@ FMIX_C1 = 0x85EBCA6B
 FMIX_C2 = 0xC2B2AE35
 SEED_MULTIPLIER = 0x9E3779B9
 SEED_SALT = 0x632BE5AB
+INDEX_MULTIPLIER = 0x9E3779B1
 TWO_POW_MINUS_24 = 2.0 ** -24
 
 
@@ -76,7 +80,7 @@ def _fmix32_torch(h: torch.Tensor) -> torch.Tensor:
 def hash_uniform(linear_index: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
     """The documented hash, in torch: uniform float32 in [0, 1) at each linear index."""
     i = (linear_index.to(torch.int64) + offset) & MASK32
-    h = _fmix32_torch(i ^ seed_key(seed))
+    h = _fmix32_torch(_mul32(i, INDEX_MULTIPLIER) ^ seed_key(seed))
     return (h >> 8).to(torch.float32) * TWO_POW_MINUS_24
 
 
@@ -90,7 +94,8 @@ def _fmix32_expr(h: str) -> str:
 
 def hash_uniform_triton(index_var: str, seed: int, offset: int = 0) -> str:
     """The same hash as a Triton expression over `index_var` (offset + index < 2**32)."""
-    base = f"((({index_var}).to(tl.uint32) + {offset}).to(tl.uint32) ^ {seed_key(seed)})"
+    spread = f"((({index_var}).to(tl.uint32) + {offset}).to(tl.uint32) * {INDEX_MULTIPLIER})"
+    base = f"({spread} ^ {seed_key(seed)})"
     return f"(({_fmix32_expr(base)} >> 8).to(tl.float32) * {TWO_POW_MINUS_24!r})"
 
 
