@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..ir import dtypes
-from ..ir.emit import Emitter
+from ..ir.emit import Emitter, user_source_line
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMPOSITE, Cost, define
 from ..ir.spec import TensorSpec
@@ -291,7 +291,8 @@ class NormMethods:
         Without running stats (None, None), batch statistics are used, as in torch."""
         has_running = running_mean is not None or running_var is not None
         if has_running and (running_mean is None or running_var is None):
-            raise ShapeError("batch_norm: give both running_mean and running_var, or neither")
+            raise ShapeError(f"op batchnorm (at {user_source_line()}): give both running_mean and running_var, "
+                             "or neither")
         batch_stats = bool(training) or not has_running
         args = [input] + ([] if batch_stats else [running_mean, running_var])
         args += [t for t in (weight, bias) if t is not None]
