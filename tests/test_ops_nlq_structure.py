@@ -44,7 +44,7 @@ ERRORS: list[tuple[str, Callable[[fg.Graph], Any], type[Exception], list[str]]] 
     ("bn_one_value_per_channel", lambda g: g.batch_norm(g.tensor((1, 3)), None, None, training=True),
      fg.ShapeError, ["more than one value", "(1, 3)"]),
     ("bn_one_running_stat", lambda g: g.batch_norm(g.tensor((2, 3)), g.tensor((3,)), None), fg.ShapeError,
-     ["(op batchnorm", "running_var"]),
+     ["op batchnorm", "running_var"]),
     ("bn_int_input", lambda g: g.batch_norm(g.tensor((2, 3), "int32"), None, None), fg.DTypeError, ["int32"]),
     ("gn_groups", lambda g: g.group_norm(g.tensor((2, 6, 5)), 4), fg.ShapeError, ["(op groupnorm)", "num_groups 4"]),
     ("gn_rank1", lambda g: g.group_norm(g.tensor((6,)), 2), fg.ShapeError, ["[N, C, *spatial]", "(6,)"]),
