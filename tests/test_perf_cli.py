@@ -84,6 +84,14 @@ def test_whatif_device_and_custom_spec(script, capsys) -> None:
     assert "8.00 TB/s" in capsys.readouterr().out
 
 
+def test_whatif_lists_devices_with_sparse_rates_and_sources(capsys) -> None:
+    assert main(["whatif", "--list-devices"]) == 0
+    out = capsys.readouterr().out
+    for name in ("H100", "H200", "A100", "B200", "L40S", "RTX4090"):
+        assert name + ":" in out
+    assert out.count("2:4 sparse:") == 6 and out.count("source:") == 6 and "datasheet" in out
+
+
 def test_whatif_suite_without_target(capsys) -> None:
     assert main(["whatif", "--device", "L40S", "--suite", "softmax", "--shapes", "full"]) == 0
     assert "softmax (full) projected onto L40S" in capsys.readouterr().out

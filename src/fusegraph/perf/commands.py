@@ -38,6 +38,7 @@ def add_parser(subparsers: Any) -> None:
                    help="charge the Python launch cost per kernel instead of the CUDA-graph gap")
     p.add_argument("--validate", action="store_true",
                    help="(GPU) compare predicted vs measured per kernel on the present GPU")
+    p.add_argument("--list-devices", action="store_true", help="print every known device spec and its sources")
     p.set_defaults(func=cmd_whatif)
 
     p = subparsers.add_parser("bench", help="run the BENCHMARKS.md suite side by side (correctness first)")
@@ -148,6 +149,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     from .loader import load_target
     from .whatif import validate_plan, validation_text, whatif_text
 
+    if args.list_devices:
+        print(list_devices_text())
+        return 0
     try:
         if args.validate:
             if not torch.cuda.is_available():
@@ -182,6 +186,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except FusegraphError as err:
         return _fail(err)
     return 0
+
+
+def list_devices_text() -> str:
+    from .calibrate import effective_spec
+    from .devices import DEVICES, fmt_rate
+
+    lines = []
+    for name in DEVICES:
+        spec = effective_spec(name)
+        sparse = ", ".join(f"{k} {fmt_rate(v)}" for k, v in spec.sparse.items())
+        lines += [spec.summary(), f"    2:4 sparse: {sparse or 'none'}", f"    source: {spec.source}"]
+    return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
