@@ -7,10 +7,12 @@ and says which figures need a GPU instead of printing any."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +62,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out64 - ref64).norm().item() / (denom if denom > 0 else 1.0)
 
 
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """No TF32 in eager matmuls and convolutions (cuDNN allows it by default), for the accurate answer."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def missing_ops(names: tuple[str, ...]) -> list[str]:
     return [n for n in names if not callable(getattr(fg.Graph, n, None))]
 
@@ -101,7 +114,8 @@ def run_block(block: DemoBlock, device: str, dtype: str, args: argparse.Namespac
         _section("plan.explain()")
         print(report.to_text())
     truth_dtype = torch.float64 if dtype == "float64" else torch.float32
-    truth = block.eager_in(truth_dtype)
+    with exact_float32():
+        truth = block.eager_in(truth_dtype)
     result.error = rel_err(out, truth)
     result.eager_error = rel_err(block.eager_in(dtypes.to_torch(dtype)), truth)
     result.ok = result.error <= result.tolerance
@@ -110,7 +124,12 @@ def run_block(block: DemoBlock, device: str, dtype: str, args: argparse.Namespac
                           f"tolerance {result.tolerance:.0e}")
     floor_source = ""
     if device == "cuda":
-        _time_on_gpu(block, plan, result, args.reps)
+        try:
+            _time_on_gpu(block, plan, result, args.reps)
+        except Exception as err:
+            result.ok = False
+            result.failure = f"timing failed: {type(err).__name__}: {err}"
+            traceback.print_exc()
         result.floor_ms = report.total_floor_s * 1e3
         floor_source = f"{report.spec.name}, {'measured' if report.spec.measured else 'datasheet'} ceilings"
 
