@@ -90,6 +90,7 @@ def test_measured_values_replace_datasheet_values(tmp_path) -> None:
                            "host_launch_us": 11.0}}
     write_json_atomic(tmp_path / "calibration" / "nvidia_h200.json", record)
     assert not list((tmp_path / "calibration").glob("*.tmp"))
+    assert (tmp_path / "calibration" / "nvidia_h200.json").stat().st_mode & 0o777 == 0o644
     with override(cache_dir=str(tmp_path)):
         spec = effective_spec("H200")
         assert spec.bandwidth == 4.2e12 and spec.rate("bf16") == 769e12 and spec.rate("fp8") == 1351e12

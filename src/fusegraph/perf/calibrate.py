@@ -42,6 +42,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared and committed
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
