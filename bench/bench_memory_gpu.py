@@ -240,7 +240,7 @@ def host_overhead_us() -> dict[str, float]:
 
     result = {"plan_us": measure(lambda: plan(x)), "triton_jit_us": measure(jit_call),
               "eager_relu_us": measure(lambda: torch.relu(x))}
-    direct = getattr(launcher, "_compiled", None)
+    direct = (getattr(launcher, "_compiled", None) or [None])[0]
     if direct is not None:
         result["direct_launch_us"] = measure(lambda: direct(x, out, *launcher.const_values))
         result["plan_overhead_beyond_launch_us"] = result["plan_us"] - result["direct_launch_us"]

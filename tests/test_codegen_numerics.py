@@ -167,3 +167,22 @@ def test_integer_and_bool_inputs() -> None:
     g.where(m, g.cast(x, "float32"), g.neg(g.cast(x, "float32"))).set_output()
     g.gt(x, 2).set_output()
     _run(g, [torch.randint(-5, 5, (4, 9), dtype=torch.int32), torch.rand(4, 9) > 0.5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dt)
+def test_long_column_reductions_split_in_two_stages(dtype: torch.dtype) -> None:
+    g = fg.Graph("split")
+    x = g.tensor((1000, 5), _dt(dtype), "x")
+    g.sum(g.mul(x, x), 0).set_output()
+    g.max(x, 0).set_output()
+    plan = g.build()
+    assert any("_finish" in k.source for k in plan.kernels)
+    _run(g, [rand(1000, 5, dtype=dtype)])
+
+
+def test_layernorm_backward_with_split_column_sums() -> None:
+    g = fg.Graph("ln_bwd_split")
+    feeds = _layernorm_backward(g, 600, 24, torch.float32)
+    plan = g.build()
+    assert len(plan.kernels) == 2 and "_finish" in plan.kernels[1].source
+    _run(g, feeds)

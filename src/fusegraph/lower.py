@@ -60,9 +60,14 @@ def lower_reference(graph: Graph) -> list[Kernel]:
 def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None) -> list[Kernel]:
     """Partition `graph` and turn each group into a kernel."""
     options = options or {}
+    from .backends.matmul_kernel import matmul_group_kernel  # compute-bound kernels (issue 4)
+    from .fusion.epilogue import MatmulGroup, claim_epilogues
+
     kernels = []
-    for k, item in enumerate(partition_graph(graph).items):
-        if isinstance(item, Node):
+    for k, item in enumerate(claim_epilogues(partition_graph(graph).items, graph)):
+        if isinstance(item, MatmulGroup):
+            kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
+        elif isinstance(item, Node):
             kernels.append(node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
         else:
             kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
@@ -115,18 +120,34 @@ def fused_kernel(group: KernelGroup, name: str, compute_dtype: str, device: str,
         kernel.note = "planned as Triton; runs through the reference on this device"
         return kernel
     try:
-        fn = load_triton_function(gen.source, name)
-        config = _choose_config(fn, gen, candidates, device, options)
-        grid, constexprs, num_warps = launch_parameters(gen, config)
-        launcher = TritonLaunch(fn, grid, constexprs, num_warps, gen.outputs, device,
-                                fast=options.get("fast_launch", True))
+        fns = [load_triton_function(gen.source, fn_name) for fn_name in (name, gen.finish_name) if fn_name]
+        config = _choose_config(fns, gen, candidates, device, options)
+        launcher = _launcher(fns, gen, config, device, fast=options.get("fast_launch", True))
         if options.get("check_compile", True) and not interpreting():
-            launcher(_example_inputs(gen.inputs, device))  # compile now: failures fall back here
+            _compile_and_check(launcher, _example_inputs(gen.inputs, device))
     except Exception as err:
         return _fallback(kernel, f"Triton compilation failed: {type(err).__name__}: {err}")
     kernel.config = dict(config)
     kernel.launch = launcher
     return kernel
+
+
+def _compile_and_check(launcher: TritonLaunch, example: list[torch.Tensor]) -> None:
+    """Compile now (failures fall back to the reference), then check the direct launch path
+    against the JIT's on the same inputs; any difference turns the direct path off."""
+    first = launcher(example)
+    if launcher._compiled is None:
+        return
+    try:
+        second = launcher(example)
+        same = all(bool(((a == b) | (a != a)).all()) for a, b in zip(first, second, strict=True))
+    except Exception:
+        same = False
+    if not same:
+        warnings.warn(f"{launcher.fn}: direct launch disagrees with Triton's JIT; using the JIT",
+                      FusionFallbackWarning, stacklevel=2)
+        launcher._compiled = None
+        launcher.fast = False
 
 
 def _fallback(kernel: Kernel, why: str) -> Kernel:
@@ -137,7 +158,14 @@ def _fallback(kernel: Kernel, why: str) -> Kernel:
     return kernel
 
 
-def _choose_config(fn: Any, gen: Any, candidates: list[dict[str, Any]], device: str,
+def _launcher(fns: list[Any], gen: Any, config: dict[str, Any], device: str, fast: bool) -> TritonLaunch:
+    grids, constexprs, num_warps = launch_parameters(gen, config)
+    workspaces = [(int(config["SPLITS"]), gen.extent)] * gen.workspaces if gen.workspaces else []
+    return TritonLaunch(list(zip(fns, grids, strict=True)), constexprs, num_warps, gen.outputs, device,
+                        fast=fast, workspaces=workspaces)
+
+
+def _choose_config(fns: list[Any], gen: Any, candidates: list[dict[str, Any]], device: str,
                    options: dict[str, Any]) -> dict[str, Any]:
     try:
         from .tune import Config, autotune
@@ -149,8 +177,7 @@ def _choose_config(fn: Any, gen: Any, candidates: list[dict[str, Any]], device: 
     def bench(config: Any) -> float:
         from .tune import bench_ms
 
-        grid, constexprs, num_warps = launch_parameters(gen, dict(config.values))
-        launcher = TritonLaunch(fn, grid, constexprs, num_warps, gen.outputs, device, fast=False)
+        launcher = _launcher(fns, gen, dict(config.values), device, fast=False)
         args = _example_inputs(gen.inputs, device)
         return bench_ms(lambda: launcher(args))
 

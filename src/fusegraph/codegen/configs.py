@@ -32,6 +32,9 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
         return out
     max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
     rows, cols = gen.extent, gen.reduced_extent
+    if gen.finish_name:
+        return [_split_config(rows, cols, kept, red, warps)
+                for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
     if gen.column:
         side = min(COLUMN_BLOCK, max_block)
         kept = min(next_pow2(rows), side)
@@ -53,12 +56,29 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
 
 
-def launch_parameters(gen: GeneratedKernel, config: dict[str, Any]) -> tuple[tuple[int, ...], dict[str, Any], int]:
-    """(grid, constexprs in signature order, num_warps) for one config."""
+TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
+
+
+def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict[str, Any]:
+    kept = min(next_pow2(rows), kept)
+    blocks = _cdiv(rows, kept)
+    splits = max(1, min(_cdiv(TARGET_PROGRAMS, blocks), _cdiv(cols, red)))
+    chunk = _cdiv(_cdiv(cols, splits), red) * red
+    splits = _cdiv(cols, chunk)
+    return {"ROWS": kept, "BLOCK_C": red, "CHUNK": chunk, "SPLITS": splits, "SPLITS_P2": next_pow2(splits),
+            "num_warps": warps}
+
+
+def launch_parameters(gen: GeneratedKernel, config: dict[str, Any]) -> tuple[list[tuple[int, ...]], dict[str, Any], int]:
+    """(grid of each launch, constexprs in signature order, num_warps) for one config."""
     warps = int(config.get("num_warps", 4))
     if gen.kind == "pointwise":
         block = int(config["BLOCK"])
-        return (max(1, _cdiv(gen.extent, block)),), {"BLOCK": block}, warps
+        return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block}, warps
     rows, block_c = int(config["ROWS"]), int(config["BLOCK_C"])
+    blocks = max(1, _cdiv(gen.extent, rows))
+    if gen.finish_name:
+        consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2")}
+        return [(blocks, int(config["SPLITS"])), (blocks,)], consts, warps
     consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent}
-    return (max(1, _cdiv(gen.extent, rows)),), consts, warps
+    return [(blocks,)], consts, warps

@@ -25,6 +25,7 @@ TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bf
 HEADER = ("import triton\nimport triton.language as tl\n"
           "from triton.language.extra import libdevice  # noqa: F401\n\n\n")
 INT32_LIMIT = 2**31 - 1
+SPLIT_MIN_EXTENT = 512    # column reductions at least this long are split across programs
 
 
 @dataclass
@@ -37,12 +38,19 @@ class GeneratedKernel:
     extent: int                       # pointwise: numel; reduction: kept numel (rows)
     reduced_extent: int = 1           # reduction: elements reduced per row
     column: bool = False              # reduction over a non-contiguous axis
+    finish_name: str = ""             # two-stage column reduction: the kernel reducing the partials
+    workspaces: int = 0               # two-stage: fp32 [splits, rows] partials, one per reduction
     meta: dict[str, Any] = field(default_factory=dict)
 
 
 def generate(group: KernelGroup, name: str) -> GeneratedKernel:
     if group.domain.is_reduction:
-        return _ReductionWriter(group, name).write()
+        writer = _ReductionWriter(group, name)
+        if writer.splittable():
+            from .column_split import ColumnSplitWriter
+
+            return ColumnSplitWriter(group, name).write_split()
+        return writer.write()
     return _PointwiseWriter(group, name).write()
 
 
@@ -265,12 +273,22 @@ class _ReductionWriter(_Writer):
 
     def _is_column(self) -> bool:
         """Reduce along the tile's first axis when the contiguous dim of the main operand is kept."""
-        full = [e.node for e in self.group.loads if e.node.shape == self.domain.shape]
+        full = [e for e in self.group.loads if e.full]
         if not full or not self.domain.kept:
             return False
-        strides = full[0].spec.memory_strides
-        inner = min(range(len(strides)), key=lambda d: (abs(strides[d]) if self.domain.shape[d] > 1 else 1 << 62))
-        return inner in self.domain.kept and self.domain.shape[inner] > 1
+        node, emb = full[0].node, full[0].emb
+        big = [k for k in range(len(node.shape)) if node.shape[k] > 1 and emb[k] is not None]
+        if not big:
+            return False
+        inner = min(big, key=lambda k: abs(node.spec.memory_strides[k]))
+        return emb[inner] in self.domain.kept
+
+    def splittable(self) -> bool:
+        """A column reduction over many rows, with one round of reductions and only per-column
+        results: split the rows across programs (partials), then reduce the partials."""
+        entries = self.group.entries
+        return (self._is_column() and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
+                and all(e.stage <= 1 for e in entries) and all(not e.full for e in self.group.stores))
 
     def _reduce_single(self, e: Entry, ax: int) -> None:
         combine = get_op(e.node.op).extra["combine"]

@@ -18,31 +18,40 @@ from ..ir.node import Node
 
 
 class TritonLaunch:
-    def __init__(self, fn: Any, grid: tuple[int, ...], constexprs: dict[str, Any], num_warps: int,
-                 outputs: Sequence[Node], device: str, fast: bool = True) -> None:
-        self.fn = fn
-        self.grid = grid
+    """Launches `stages` (jitted function, grid) in order over (inputs, outputs, workspaces)."""
+
+    def __init__(self, stages: Sequence[tuple[Any, tuple[int, ...]]], constexprs: dict[str, Any], num_warps: int,
+                 outputs: Sequence[Node], device: str, fast: bool = True,
+                 workspaces: Sequence[tuple[int, ...]] = ()) -> None:
+        self.stages = list(stages)
+        self.fn, self.grid = self.stages[0]
         self.constexprs = constexprs
         self.const_values = tuple(constexprs.values())
         self.num_warps = num_warps
         self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in outputs]
+        self.workspaces = list(workspaces)
         self.device = torch.device(device)
         self.fast = fast and self.device.type == "cuda"
-        self._compiled: Any = None
+        self._compiled: list[Callable[..., None]] | None = None
 
     def allocate(self) -> list[torch.Tensor]:
         dev = self.device
-        return [torch.empty_strided(shape, strides, dtype=dt, device=dev) for shape, strides, dt in self.out_specs]
+        outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev) for shape, strides, dt in self.out_specs]
+        return outs + [torch.empty(shape, dtype=torch.float32, device=dev) for shape in self.workspaces]
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        outs = self.allocate()
+        buffers = self.allocate()
+        n_out = len(self.out_specs)
         if self._compiled is not None:
-            self._compiled(*args, *outs, *self.const_values)
-            return outs
-        kernel = self.fn[self.grid](*args, *outs, **self.constexprs, num_warps=self.num_warps)
-        if self.fast and kernel is not None:
-            self._compiled = _direct_runner(kernel, self.grid)
-        return outs
+            for run in self._compiled:
+                run(*args, *buffers, *self.const_values)
+            return buffers[:n_out] if self.workspaces else buffers
+        kernels = [fn[grid](*args, *buffers, **self.constexprs, num_warps=self.num_warps) for fn, grid in self.stages]
+        if self.fast and all(k is not None for k in kernels):
+            runners = [_direct_runner(k, grid) for k, (_, grid) in zip(kernels, self.stages, strict=True)]
+            if all(r is not None for r in runners):
+                self._compiled = [r for r in runners if r is not None]
+        return buffers[:n_out] if self.workspaces else buffers
 
 
 def _direct_runner(kernel: Any, grid: tuple[int, ...]) -> Callable[..., None] | None:
@@ -52,7 +61,7 @@ def _direct_runner(kernel: Any, grid: tuple[int, ...]) -> Callable[..., None] | 
         from triton import knobs
 
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+        g0, g1, g2 = (*tuple(grid), 1, 1)[:3]
         stream_of = torch.cuda.current_stream
     except (ImportError, AttributeError):
         return None

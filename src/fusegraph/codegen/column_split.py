@@ -1,0 +1,93 @@
+"""Two-stage column reductions (the reduced axis is not the contiguous one and is long, e.g.
+layernorm backward's dw/db = sums over 16k rows, batchnorm statistics): a partial kernel where
+each program reduces CHUNK rows of a ROWS-wide column block into a fp32 workspace, then a finish
+kernel that reduces the SPLITS partials of each column in a fixed order (deterministic) and runs
+the epilogue. One kernel per column block would leave most of the GPU idle."""
+
+from __future__ import annotations
+
+from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, _ReductionWriter
+
+FILL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+CONSTEXPRS = ["ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2"]
+
+
+class ColumnSplitWriter(_ReductionWriter):
+    def write_split(self) -> GeneratedKernel:
+        dom = self.domain
+        rows, cols = dom.kept_numel, dom.reduced_numel
+        self.column = True
+        reduces = [e for e in self.group.entries if e.kind == "reduce"]
+        workspaces = [f"ws{k}" for k in range(len(reduces))]
+        args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values()) + workspaces
+        signature = ", ".join(args + [f"{c}: tl.constexpr" for c in CONSTEXPRS])
+        combine = {e.key: str(_combine_of(e)) for e in reduces}
+
+        self.zero_index = "rows * 0"
+        pid = ".to(tl.int64)" if self.wide else ""
+        kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
+        red_lines, red_vars = _index_vars(dom.shape, dom.reduced, "cols", "j")
+        dimvar.update(red_vars)
+        by_key = {e.key: e for e in self.group.entries}
+
+        # stage 1: partials over a slice of CHUNK rows
+        self.lines = [f"@triton.jit\ndef {self.name}({signature}):"]
+        self.emit(f"rows = tl.program_id(0){pid} * ROWS + tl.arange(0, ROWS)[None, :]")
+        self.emit(f"rmask = rows < {rows}")
+        for line in kept_lines:
+            self.emit(line)
+        for e in self.group.entries:
+            if not e.full and e.kind != "reduce" and e.stage == 0:
+                self.value(e, "rmask", dimvar, 1)
+        for e in reduces:
+            self.emit(f"acc_{e.key} = tl.full([BLOCK_C, ROWS], {FILL[combine[e.key]]}, tl.float32)")
+        self.emit("for c0 in range(0, CHUNK, BLOCK_C):")
+        self.emit("cols = tl.program_id(1) * CHUNK + c0 + tl.arange(0, BLOCK_C)[:, None]", 2)
+        self.emit(f"mask = rmask & (cols < {cols})", 2)
+        for line in red_lines:
+            self.emit(line, 2)
+        needed = _full_ancestors(reduces, by_key)
+        for e in self.group.entries:
+            if e.key in needed:
+                self.value(e, "mask", dimvar, 2)
+        for e in reduces:
+            masked = f"tl.where(mask, {self.expr[e.args[0]]}, {FILL[combine[e.key]]})"
+            if combine[e.key] == "sum":
+                self.emit(f"acc_{e.key} += {masked}", 2)
+            else:
+                fn = "tl.maximum" if combine[e.key] == "max" else "tl.minimum"
+                self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 2)
+        for e, ws in zip(reduces, workspaces, strict=True):
+            self.emit(f"tl.store({ws} + tl.program_id(1) * {rows} + rows, "
+                      f"tl.{combine[e.key]}(acc_{e.key}, axis=0, keep_dims=True), mask=rmask)")
+        partial = self.lines
+
+        # stage 2: reduce the partials of each column, then the per-column epilogue
+        self.lines = [f"@triton.jit\ndef {self.name}_finish({signature}):"]
+        self.expr = {}
+        self.emit(f"rows = tl.program_id(0){pid} * ROWS + tl.arange(0, ROWS)[None, :]")
+        self.emit(f"rmask = rows < {rows}")
+        for line in kept_lines:
+            self.emit(line)
+        self.emit("split = tl.arange(0, SPLITS_P2)[:, None]")
+        self.emit("smask = rmask & (split < SPLITS)")
+        for e, ws in zip(reduces, workspaces, strict=True):
+            c = combine[e.key]
+            self.emit(f"{e.key} = tl.{c}(tl.load({ws} + split * {rows} + rows, mask=smask, other={FILL[c]}), "
+                      "axis=0, keep_dims=True)")
+            self.expr[e.key] = e.key
+        for e in self.group.entries:
+            if not e.full and e.kind != "reduce":
+                self.value(e, "rmask", dimvar, 1)
+        for e in self.group.stores:
+            self.store(e, "rmask", dimvar, 1)
+        source = self.module(partial + [""] + ["", ""] + self.lines)
+        return GeneratedKernel(self.name, source, "reduction", self.inputs, self.outputs, extent=rows,
+                               reduced_extent=cols, column=True, finish_name=f"{self.name}_finish",
+                               workspaces=len(reduces))
+
+
+def _combine_of(e: object) -> str:
+    from ..ir.registry import get_op
+
+    return str(get_op(e.node.op).extra["combine"])  # type: ignore[attr-defined]
