@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from .errors import GraphError, where
+from .errors import FusegraphError, GraphError, ShapeError, where
 from .ir import dtypes
 from .ir.emit import Emitter, user_source_line
 from .ir.graph import Graph as IRGraph
 from .ir.node import Attrs, Node
-from .ir.spec import TensorSpec
+from .ir.spec import LAYOUTS, TensorSpec
 from .ops import OP_METHODS
 
 
@@ -84,23 +84,19 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
                device: str | None = None) -> Tensor:
         """Declare a graph input."""
         source = user_source_line()
-        name = name or f"in{len(self._inputs)}"
-        if name in self._names:
-            raise GraphError(f"{where('input', name, source)}: the name {name!r} is already used in graph "
-                             f"{self.name}")
-        if any((not isinstance(s, int)) or s < 0 for s in shape):
-            from .errors import ShapeError
-            raise ShapeError(f"{where('input', name, source)}: shape {tuple(shape)} must be non-negative ints")
-        spec = TensorSpec(tuple(shape), dtypes.canonical(dtype), layout=layout,
-                          strides=tuple(strides) if strides is not None else None, device=device)
+        name = self._claim_name(name, "in", "input", source, start=len(self._inputs))
+        label = where("input", name, source)
+        spec = _input_spec(label, shape, dtype, layout, strides, device)
         node = Node(op="input", inputs=(), attrs=Attrs(index=len(self._inputs)), specs=(spec,), name=name,
                     source=source)
-        self._names.add(name)
         self._inputs.append(node)
         return self._handle(node)
 
     def tensor_like(self, t: torch.Tensor, name: str | None = None) -> Tensor:
         """Declare an input with the shape, dtype and device of a torch tensor."""
+        if not isinstance(t, torch.Tensor):
+            raise GraphError(f"{where('input', name or '?', user_source_line())}: tensor_like takes a "
+                             f"torch.Tensor, got {type(t).__name__}")
         layout = "NHWC" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
             and not t.is_contiguous() else None
         handle = self.tensor(tuple(t.shape), dtypes.canonical(t.dtype), name=name, layout=layout,
@@ -109,38 +105,71 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         return handle
 
     def constant(self, value: torch.Tensor | float | int, name: str | None = None) -> Tensor:
-        """A value known when the graph is built (folded into kernels where possible)."""
+        """A value known when the graph is built (folded into kernels where possible). A tensor is
+        copied, so changing it later does not change the graph."""
+        source = user_source_line()
         if isinstance(value, torch.Tensor):
-            spec = TensorSpec(tuple(value.shape), dtypes.canonical(value.dtype))
+            name = self._claim_name(name, "const", "constant", source)
+            try:
+                dtype = dtypes.canonical(value.dtype)
+            except FusegraphError as err:
+                raise type(err)(f"{where('constant', name, source)}: {err}") from None
+            spec = TensorSpec(tuple(value.shape), dtype)
             node = Node(op="constant", inputs=(), attrs=Attrs(value=value.detach().clone()), specs=(spec,),
-                        name=name or self._emit.fresh_name("const"), source=user_source_line())
+                        name=name, source=source)
             return self._handle(node)
+        if not isinstance(value, bool | int | float):
+            raise GraphError(f"{where('constant', name or '?', source)}: a constant is a torch.Tensor or a "
+                             f"Python number, got {type(value).__name__}")
         dtype = "float32" if isinstance(value, float) else ("bool" if isinstance(value, bool) else "int64")
-        return self._handle(self._emit.scalar(value, dtype))
+        name = self._claim_name(name, "scalar", "scalar", source)
+        node = Node(op="scalar", inputs=(), attrs=Attrs(value=value), specs=(TensorSpec((), dtype),), name=name,
+                    source=source)
+        return self._handle(node)
 
     # ---- ops ----
-    def _node_of(self, value: Any, op: str) -> Any:
+    def _node_of(self, value: Any, op: str, label: str | None = None) -> Any:
+        """The IR node of an operand (Python numbers pass through); GraphError for anything else."""
+        label = label or f"op {op} (at {user_source_line()})"
         if isinstance(value, Tensor):
             if value.graph is not self:
-                raise GraphError(f"op {op}: tensor '{value.name}' belongs to graph '{value.graph.name}', "
-                                 f"not to graph '{self.name}' (created at {user_source_line()})")
+                raise GraphError(f"{label}: tensor '{value.name}' (op {value.node.op}, created at "
+                                 f"{value.node.source or '?'}) belongs to graph '{value.graph.name}', "
+                                 f"not to graph '{self.name}'")
             return value.node
         if isinstance(value, bool | int | float):
             return value
         if isinstance(value, torch.Tensor):
-            raise GraphError(f"op {op}: got a torch.Tensor; declare it with g.tensor_like(t) or g.constant(t) "
-                             f"(at {user_source_line()})")
-        raise GraphError(f"op {op}: unsupported operand of type {type(value).__name__} "
-                         f"(at {user_source_line()})")
+            raise GraphError(f"{label}: got a torch.Tensor {tuple(value.shape)} {value.dtype}; declare it with "
+                             "g.tensor_like(t) or g.constant(t)")
+        raise GraphError(f"{label}: unsupported operand of type {type(value).__name__}: {value!r:.60}")
 
     def _apply(self, op: str, *operands: Any, name: str | None = None, **attrs: Any) -> Any:
-        nodes = [self._node_of(o, op) for o in operands]
-        if name is not None and name in self._names:
-            raise GraphError(f"{where(op, name, user_source_line())}: the name {name!r} is already used")
-        out = self._emit.op(op, *nodes, _name=name, **attrs)
+        source = user_source_line()
+        node_name = self._claim_name(name, op, op, source)
+        label = where(op, node_name, source)
+        nodes = [self._node_of(o, op, label) for o in operands]
+        out = self._emit.op(op, *nodes, _name=node_name, **attrs)
         if isinstance(out, tuple):
             return tuple(self._handle(n) for n in out)
         return self._handle(out)
+
+    def _claim_name(self, name: str | None, hint: str, op: str, source: str, start: int | None = None) -> str:
+        """`name` if it is free (GraphError if taken), or a fresh automatic name."""
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise GraphError(f"{where(op, str(name), source)}: a name must be a non-empty string")
+            if name in self._names:
+                raise GraphError(f"{where(op, name, source)}: the name {name!r} is already used in graph "
+                                 f"{self.name}")
+            self._names.add(name)
+            return name
+        while True:
+            fresh = f"{hint}{start}" if start is not None else self._emit.fresh_name(hint)
+            start = None if start is None else start + 1
+            if fresh not in self._names:
+                self._names.add(fresh)
+                return fresh
 
     def _handle(self, node: Node) -> Tensor:
         self._names.add(node.name)
@@ -150,10 +179,13 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
 
     # ---- outputs, validate, build ----
     def set_output(self, *tensors: Tensor) -> None:
+        """Mark tensors as outputs (in this order; a tensor marked twice counts once)."""
+        source = user_source_line()
         for t in tensors:
-            node = self._node_of(t, "set_output")
-            if not isinstance(node, Node):
-                raise GraphError(f"set_output takes tensors of this graph, got {node!r}")
+            if not isinstance(t, Tensor):
+                raise GraphError(f"set_output (at {source}): takes tensors of graph '{self.name}', got "
+                                 f"{type(t).__name__}: {t!r:.60}")
+            node = self._node_of(t, "set_output", f"set_output (at {source})")
             if node not in self._outputs:
                 self._outputs.append(node)
 
@@ -165,8 +197,8 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
 
     def to_ir(self) -> IRGraph:
         if not self._outputs:
-            raise GraphError(f"graph {self.name} has no outputs: call t.set_output() on the tensors "
-                             "to compute")
+            raise GraphError(f"graph {self.name} has no outputs (at {user_source_line()}): call "
+                             "t.set_output() on the tensors to compute")
         return IRGraph(self.name, tuple(self._inputs), tuple(self._outputs), self.compute_dtype)
 
     def validate(self) -> Graph:
@@ -188,3 +220,29 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         if not self._outputs:
             return f"graph {self.name} (no outputs yet)"
         return str(self.to_ir())
+
+
+def _input_spec(label: str, shape: Any, dtype: Any, layout: str | None, strides: Sequence[int] | None,
+                device: str | None) -> TensorSpec:
+    """The spec of a declared input, or ShapeError/DTypeError/GraphError naming the input."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                              for s in shape):
+        raise ShapeError(f"{label}: shape {shape!r} must be a sequence of non-negative ints")
+    try:
+        dtype_name = dtypes.canonical(dtype)
+    except FusegraphError as err:
+        raise type(err)(f"{label}: {err}") from None
+    if strides is not None and len(tuple(strides)) != len(shape):
+        raise ShapeError(f"{label}: strides {tuple(strides)} do not match shape {tuple(shape)} (rank {len(shape)})")
+    if layout is not None and layout != "strided" and (layout not in LAYOUTS or len(LAYOUTS[layout]) != len(shape)):
+        known = ", ".join(f"{k} (rank {len(v)})" for k, v in LAYOUTS.items())
+        raise ShapeError(f"{label}: layout {layout!r} does not fit shape {tuple(shape)}; known layouts: {known}")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise GraphError(f"{label}: device {device!r} is not a device: {err}") from None
+    return TensorSpec(tuple(shape), dtype_name, layout=layout,
+                      strides=tuple(strides) if strides is not None else None, device=device)
