@@ -132,9 +132,11 @@ def kernel_arguments(plan: Any, inputs: Sequence[torch.Tensor]) -> list[list[tor
 def measure_kernels(plan: Any, inputs: Sequence[torch.Tensor] | None = None) -> list[tuple[float, str]]:
     """(seconds, method) per kernel: each kernel launched on its real inputs, graph replay of 20
     launches (back-to-back when not capturable), median of 5."""
+    device = str(getattr(plan, "device", "cuda"))
     if inputs is None:
-        inputs = random_inputs(plan, "cuda")
-    inputs = [t.to("cuda") if isinstance(t, torch.Tensor) and t.device.type != "cuda" else t for t in inputs]
+        inputs = random_inputs(plan, device)
+    inputs = [t.to(device) if isinstance(t, torch.Tensor) and t.device.type != torch.device(device).type else t
+              for t in inputs]
     all_args = kernel_arguments(plan, inputs)
     results = []
     for kernel, args in zip(plan.kernels, all_args, strict=True):
