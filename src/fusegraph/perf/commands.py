@@ -18,7 +18,7 @@ def add_parser(subparsers: Any) -> None:
                               "launch latency) and cache them for every report")
     p.set_defaults(func=cmd_calibrate)
 
-    p = subparsers.add_parser("explain", help="per-kernel report: time, bytes, FLOPs, % of floor, bound, fused ops",
+    p = subparsers.add_parser("explain", help="per-kernel report: time, bytes, FLOPs, %% of floor, bound, fused ops",
                               description="Explain a compiled plan kernel by kernel. " + _TARGET_HELP)
     p.add_argument("target", help=_TARGET_HELP)
     _add_spec_args(p)
