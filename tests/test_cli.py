@@ -43,6 +43,15 @@ def test_every_command_module_registers() -> None:
     assert "fusegraph.commands.demo" in COMMAND_MODULES
 
 
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in sub.choices:  # type: ignore[union-attr]
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        assert exc.value.code == 0, name
+        assert f"usage: fusegraph {name}" in capsys.readouterr().out
+
+
 def test_python_dash_m_and_version_flag() -> None:
     done = subprocess.run([sys.executable, "-m", "fusegraph", "--version"], capture_output=True, text=True,
                           timeout=120)
