@@ -1,0 +1,59 @@
+"""cuBLAS through torch: a matmul in the operands' own dtype (fp32 accumulation inside cuBLAS),
+then the group's epilogue as a separate launch (our generated pointwise kernel, or its torch
+reference off the GPU). A candidate of the matmul kernel like any Triton config, not a fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..fusion.epilogue import MatmulGroup
+from ..ops.linalg import exact_fp32_matmul
+
+LaunchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+def torch_matmul(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -> torch.Tensor:
+    """a' @ b' through torch.matmul (cuBLAS on CUDA), fp32 kept exact (no TF32) as the reference."""
+    if trans_a:
+        a = a.transpose(-1, -2)
+    if trans_b:
+        b = b.transpose(-1, -2)
+    if a.dtype == torch.float32:
+        with exact_fp32_matmul():
+            return torch.matmul(a, b)
+    return torch.matmul(a, b)
+
+
+def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None) -> LaunchFn:
+    """Launch function over `group.inputs`: torch.matmul, then `epilogue` (None: the product is
+    the only output)."""
+    mm = group.matmul
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
+    ta, tb = bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False))
+    epi_inputs = group.epilogue.inputs
+    dense = mm.spec.memory_strides
+    epi_args = [(True, 0) if n.id == mm.id else (False, positions[n.id]) for n in epi_inputs]
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        product = torch_matmul(args[ia], args[ib], ta, tb)
+        if product.stride() != dense and product.numel() > 1:
+            product = product.contiguous()
+        if epilogue is None:
+            return [product]
+        return list(epilogue([product if is_product else args[k] for is_product, k in epi_args]))
+
+    return launch
+
+
+def describe(group: MatmulGroup) -> str:
+    mm = group.matmul
+    ops = "+".join(n.op for n in group.epilogue_nodes) or "none"
+    return (f"# cuBLAS via torch.matmul(trans_a={mm.attrs.get('trans_a', False)}, "
+            f"trans_b={mm.attrs.get('trans_b', False)}), epilogue: {ops}")
+
+
+_ = Any

@@ -1,0 +1,131 @@
+"""The Kernel of a MatmulGroup: candidates are the generated Triton GEMM (one per tile config)
+and cuBLAS (torch.matmul + the epilogue as a second launch); the autotuner picks per shape on a
+GPU. Without timing, the first candidate wins: the fused Triton GEMM when it covers the group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..codegen.compile import interpreting, load_triton_function
+from ..codegen.matmul import GeneratedGemm, gemm_configs, gemm_launch_parameters, gemm_supported, generate_gemm
+from ..fusion.epilogue import MatmulGroup
+from ..ir import dtypes
+from ..ir.node import Node
+from ..ir.registry import Cost, get_op
+from ..runtime.kernel import Kernel
+from ..settings import settings
+from . import cublas
+
+log = logging.getLogger("fusegraph.backends")
+
+
+def matmul_group_cost(group: MatmulGroup) -> Cost:
+    nbytes = sum(n.spec.nbytes for n in group.inputs) + sum(n.spec.nbytes for n in group.outputs)
+    flops = sum(get_op(n.op).cost([i.spec for i in n.inputs], list(n.specs), n.attrs).flops for n in group.nodes)
+    return Cost(nbytes, flops)
+
+
+class GemmLaunch:
+    """Allocate the outputs and launch the generated GEMM with one config."""
+
+    def __init__(self, fn: Any, gen: GeneratedGemm, config: dict[str, Any], device: str) -> None:
+        self.fn = fn
+        self.grid, self.constexprs, self.num_warps, self.num_stages = gemm_launch_parameters(gen.geometry, config)
+        self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in gen.outputs]
+        self.device = torch.device(device)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
+        self.fn[self.grid](*args, *outs, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        return outs
+
+
+def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, device: str,
+                        options: dict[str, Any]) -> Kernel:
+    from ..lower import fused_kernel, reference_launch  # lower imports this module
+
+    cost = matmul_group_cost(group)
+    identity = not group.epilogue_nodes
+    epilogue_kernel = None if identity else fused_kernel(group.epilogue, f"{name}_epilogue", compute_dtype,
+                                                        device, options)
+    library = cublas.cublas_launch(group, None if epilogue_kernel is None else epilogue_kernel.launch)
+    kernel = Kernel(name=name, kind="matmul", backend="cublas", nodes=tuple(group.nodes),
+                    inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
+                    source=cublas.describe(group))
+    why = gemm_supported(group)
+    if why is not None:
+        kernel.note = f"cuBLAS only: {why}"
+        _debug(name, kernel.note)
+        return kernel
+    gen = generate_gemm(group, name)
+    configs = gemm_configs(gen.geometry)
+    kernel.source, kernel.backend, kernel.config = gen.source, "triton", dict(configs[0], backend="triton")
+    if not settings.use_triton or not (device.startswith("cuda") or interpreting()):
+        kernel.note = "planned as a Triton GEMM; runs through the reference on this device"
+        kernel.launch = _reference_group_launch(group, compute_dtype, reference_launch)
+        return kernel
+    try:
+        fn = load_triton_function(gen.source, name)
+    except Exception as err:  # codegen must never take the plan down
+        kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
+        kernel.note = f"Triton GEMM failed to load ({type(err).__name__}: {err}); cuBLAS"
+        _debug(name, kernel.note)
+        return kernel
+    choice = _choose(name, gen, fn, configs, library, device)
+    if choice.get("backend") == "cublas":
+        kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
+        kernel.note = "cuBLAS was faster for this shape" + ("" if identity else " (epilogue as a second launch)")
+        return kernel
+    kernel.config = dict(choice)
+    kernel.launch = GemmLaunch(fn, gen, choice, device)
+    return kernel
+
+
+def _choose(name: str, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]], library: Any,
+            device: str) -> dict[str, Any]:
+    from ..tune import Config, autotune, bench_ms
+
+    candidates = [Config(dict(c, backend="triton")) for c in configs] + [Config(backend="cublas")]
+    if not device.startswith("cuda"):
+        return dict(candidates[0].values)
+    args = _example_inputs(gen.inputs, device)
+
+    def bench(config: Config) -> float:
+        values = dict(config.values)
+        launch = library if values["backend"] == "cublas" else GemmLaunch(fn, gen, values, device)
+        return bench_ms(lambda: launch(args))
+
+    key = {"source": gen.source, "device": device, "torch": torch.__version__}
+    return dict(autotune(name, key, candidates, bench).values)
+
+
+def _reference_group_launch(group: MatmulGroup, compute_dtype: str, reference_launch: Any) -> Any:
+    """The matmul and its epilogue run node by node with the torch reference."""
+    from ..reference import run_node
+
+    epilogue = reference_launch(group.epilogue, compute_dtype)
+    mm = group.matmul
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    epi_inputs = group.epilogue.inputs
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        product = run_node(mm, [args[positions[i.id]] for i in mm.inputs], compute_dtype, args[0].device)
+        return list(epilogue([product if n.id == mm.id else args[positions[n.id]] for n in epi_inputs]))
+
+    return launch
+
+
+def _example_inputs(nodes: Sequence[Node], device: str) -> list[torch.Tensor]:
+    from ..lower import _example_inputs as make
+
+    return make(nodes, device)
+
+
+def _debug(name: str, why: str) -> None:
+    if settings.debug >= 1:
+        print(f"[fusegraph] {name}: {why}")
+    log.debug("%s: %s", name, why)

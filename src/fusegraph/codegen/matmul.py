@@ -1,0 +1,267 @@
+"""Triton source for a MatmulGroup: C = epilogue(A' @ B') with A' = A^T if trans_a, B' = B^T if
+trans_b, batch dims broadcast (one program column per output batch), fp32 accumulation, grouped
+tile ordering (GROUP_M rows of tiles share B columns in L2), and the epilogue's pointwise
+expressions evaluated on the accumulator tile before the only stores.
+
+Shapes and strides are literals in the source (a plan is specialized to its input signature);
+tile sizes are constexprs, chosen from `gemm_configs` by the autotuner. The epilogue reuses the
+pointwise writer of triton_gen: each domain dim is indexed by a batch index, `offs_m` or `offs_n`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..fusion.epilogue import MatmulGroup
+from ..fusion.partition import Entry, squeeze_map
+from ..ir import dtypes
+from ..ir.node import Node
+from .configs import next_pow2
+from .triton_gen import HEADER, TL_DTYPE, _Writer
+
+GEMM_DTYPES = ("float16", "bfloat16", "float32")
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Hopper-friendly tiles, best guess first
+GEMM_TILES = (
+    (128, 256, 64, 8, 8, 3),
+    (128, 128, 64, 8, 4, 4),
+    (256, 128, 64, 8, 8, 3),
+    (128, 128, 32, 8, 4, 4),
+    (64, 256, 32, 8, 4, 4),
+    (128, 64, 64, 8, 4, 4),
+    (64, 128, 64, 8, 4, 4),
+    (64, 64, 32, 8, 4, 4),
+)
+
+
+@dataclass
+class GemmGeometry:
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a_strides: tuple[int, int]           # (along M, along K) of A'
+    b_strides: tuple[int, int]           # (along K, along N) of B'
+    a_batch: tuple[int, ...]             # per output batch dim: A's stride (0 where broadcast)
+    b_batch: tuple[int, ...]
+
+    @property
+    def batch_numel(self) -> int:
+        return math.prod(self.batch)
+
+
+@dataclass
+class GeneratedGemm:
+    name: str
+    source: str
+    inputs: list[Node]
+    outputs: list[Node]
+    geometry: GemmGeometry
+
+
+def gemm_geometry(matmul: Node) -> GemmGeometry:
+    a, b = matmul.inputs
+    batch, m, n, k = get_dims(matmul)
+    ta, tb = bool(matmul.attrs.get("trans_a", False)), bool(matmul.attrs.get("trans_b", False))
+    sa, sb = a.spec.memory_strides, b.spec.memory_strides
+    if a.spec.rank == 1:
+        a_mk = (0, sa[0])
+    else:
+        a_mk = (sa[-1], sa[-2]) if ta else (sa[-2], sa[-1])
+    if b.spec.rank == 1:
+        b_kn = (sb[0], 0)
+    else:
+        b_kn = (sb[-1], sb[-2]) if tb else (sb[-2], sb[-1])
+    return GemmGeometry(batch, m, n, k, a_mk, b_kn, _batch_strides(a, batch), _batch_strides(b, batch))
+
+
+def get_dims(matmul: Node) -> tuple[tuple[int, ...], int, int, int]:
+    from ..ir.registry import get_op
+
+    a, b = matmul.inputs
+    return get_op(matmul.op).extra["dims"](a.spec, b.spec, matmul.attrs)  # type: ignore[no-any-return]
+
+
+def _batch_strides(operand: Node, batch: tuple[int, ...]) -> tuple[int, ...]:
+    own = operand.shape[:-2] if operand.spec.rank > 2 else ()
+    strides = operand.spec.memory_strides[:len(own)]
+    lead = len(batch) - len(own)
+    out = []
+    for d in range(len(batch)):
+        k = d - lead
+        out.append(0 if k < 0 or own[k] == 1 else strides[k])
+    return tuple(out)
+
+
+def gemm_supported(group: MatmulGroup) -> str | None:
+    """None when the Triton GEMM covers the group, else why not."""
+    mm = group.matmul
+    if mm.inputs[0].dtype not in GEMM_DTYPES:
+        return f"dtype {mm.inputs[0].dtype} has no Triton GEMM"
+    if min(mm.shape or (1,)) == 0 or get_dims(mm)[3] == 0:
+        return "empty matmul"
+    return None
+
+
+def gemm_configs(geometry: GemmGeometry) -> list[dict[str, Any]]:
+    """Tile candidates clipped to the problem (tl.dot needs every tile side >= 16)."""
+    cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
+    out: list[dict[str, Any]] = []
+    for bm, bn, bk, gm, warps, stages in GEMM_TILES:
+        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k), "GROUP_M": gm,
+               "num_warps": warps if min(bm, cap_m) * min(bn, cap_n) >= 128 * 128 else 4, "num_stages": stages}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tuple[
+        tuple[int, ...], dict[str, Any], int, int]:
+    """(grid, constexprs, num_warps, num_stages) of one config."""
+    bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
+    grid = (-(-geometry.m // bm) * -(-geometry.n // bn), max(1, geometry.batch_numel))
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
+              "EVEN_K": geometry.k % bk == 0}
+    return grid, consts, int(config.get("num_warps", 4)), int(config.get("num_stages", 3))
+
+
+def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
+    return _GemmWriter(group, name).write()
+
+
+_TILE_VAR = re.compile(r"\boffs_([mn])\b")
+
+
+class _GemmWriter(_Writer):
+    def __init__(self, group: MatmulGroup, name: str) -> None:
+        super().__init__(group.epilogue, name)
+        self.gemm = group
+        self.geo = gemm_geometry(group.matmul)
+        self.kernel_inputs = group.inputs
+        self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.kernel_inputs)}
+        self.zero_index = "zero_m"
+
+    def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
+        off = super().offset(node, emb, dimvar)
+        if not _TILE_VAR.search(off):
+            off = f"{off} + zero_m" if off != self.zero_index else off
+        return off
+
+    def _mask(self, off: str, store: bool) -> str:
+        used = set(_TILE_VAR.findall(off))
+        if used == {"m", "n"} or store:
+            return "mask"
+        return "mask_n" if used == {"n"} else "mask_m"
+
+    def value(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
+        if entry is self.gemm.product:
+            self.expr[entry.key] = "acc_out"
+            return
+        if entry.kind == "load":
+            mask = self._mask(self.offset(entry.node, entry.emb, dimvar), store=False)
+        super().value(entry, mask, dimvar, indent)
+
+    def store(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
+        off = self.offset(entry.node, entry.emb, dimvar)
+        if set(_TILE_VAR.findall(off)) != {"m", "n"}:
+            off = f"{off} + zero_mn"
+        out = self.out_ptr[entry.key]
+        value = self.expr[entry.key]
+        self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)", indent)
+
+    def write(self) -> GeneratedGemm:
+        geo, mm = self.geo, self.gemm.matmul
+        a, b = mm.inputs
+        pa, pb = self.ptr[a.id], self.ptr[b.id]
+        args = [self.ptr[n.id] for n in self.kernel_inputs] + list(self.out_ptr.values())
+        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K"]
+        head = [f"@triton.jit\ndef {self.name}({', '.join(args + [f'{c}: tl.constexpr' for c in consts])}):"]
+        e = self.emit
+        e(f"M, N, K = {geo.m}, {geo.n}, {geo.k}")
+        e("pid = tl.program_id(0)")
+        e("num_pid_m = tl.cdiv(M, BLOCK_M)")
+        e("num_pid_n = tl.cdiv(N, BLOCK_N)")
+        e("group_size = GROUP_M * num_pid_n")
+        e("first_m = (pid // group_size) * GROUP_M")
+        e("rows_in_group = min(num_pid_m - first_m, GROUP_M)")
+        e("pid_m = first_m + ((pid % group_size) % rows_in_group)")
+        e("pid_n = (pid % group_size) // rows_in_group")
+        e("offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]")
+        e("offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]")
+        e("mask_m = offs_m < M")
+        e("mask_n = offs_n < N")
+        e("mask = mask_m & mask_n")
+        e("zero_m = offs_m * 0")
+        e("zero_mn = zero_m + offs_n * 0")
+        batch_vars = self._batch_indices()
+        a_base = _batch_offset(batch_vars, geo.a_batch)
+        b_base = _batch_offset(batch_vars, geo.b_batch)
+        sam, sak = geo.a_strides
+        sbk, sbn = geo.b_strides
+        e("rk = tl.arange(0, BLOCK_K)")
+        # rows/cols past the edge read row/col 0 (in bounds; their results are never stored)
+        e("safe_m = tl.where(mask_m, offs_m, 0)")
+        e("safe_n = tl.where(mask_n, offs_n, 0)")
+        e(f"a_ptrs = {pa} + {a_base} + safe_m * {sam} + rk[None, :] * {sak}")
+        e(f"b_ptrs = {pb} + {b_base} + rk[:, None] * {sbk} + safe_n * {sbn}")
+        e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
+        e("for k0 in range(0, K, BLOCK_K):")
+        e("if EVEN_K:", 2)
+        e("a = tl.load(a_ptrs)", 3)
+        e("b = tl.load(b_ptrs)", 3)
+        e("else:", 2)
+        e("a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)", 3)
+        e("b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)", 3)
+        e(f"acc = tl.dot(a, b, acc{precision})", 2)
+        e(f"a_ptrs += BLOCK_K * {sak}", 2)
+        e(f"b_ptrs += BLOCK_K * {sbk}", 2)
+        if mm.dtype in ("float16", "bfloat16"):  # the product is a 16-bit value, as in the reference
+            e(f"acc_out = acc.to({TL_DTYPE[mm.dtype]}).to(tl.float32)")
+        else:
+            e("acc_out = acc")
+        dimvar = self._domain_vars(batch_vars)
+        for entry in self.group.entries:
+            self.value(entry, "mask", dimvar, 1)
+        for entry in self.group.stores:
+            self.store(entry, "mask", dimvar, 1)
+        source = HEADER + "\n".join(head + self.lines) + "\n"
+        return GeneratedGemm(self.name, source, self.kernel_inputs, self.outputs, geo)
+
+    def _batch_indices(self) -> list[str]:
+        """Scalar index per output batch dim, from program_id(1) (row-major over the batch)."""
+        batch = self.geo.batch
+        if not batch:
+            return []
+        self.emit("pid_b = tl.program_id(1).to(tl.int64)")
+        names, inner = [], 1
+        for d in range(len(batch) - 1, -1, -1):
+            expr = "pid_b" if inner == 1 else f"(pid_b // {inner})"
+            if d > 0:
+                expr = f"{expr} % {batch[d]}"
+            self.emit(f"bi{d} = {expr}")
+            names.append(f"bi{d}")
+            inner *= batch[d]
+        return list(reversed(names))
+
+    def _domain_vars(self, batch_vars: list[str]) -> dict[int, str]:
+        """Index variable of each (squeezed) domain dim of the matmul's output."""
+        mm = self.gemm.matmul
+        a, b = mm.inputs
+        names = list(batch_vars) + (["offs_m"] if a.spec.rank > 1 else []) + (["offs_n"] if b.spec.rank > 1 else [])
+        out: dict[int, str] = {}
+        for k, d in enumerate(squeeze_map(mm.shape)):
+            if d is not None:
+                out[d] = names[k]
+        return out
+
+
+def _batch_offset(batch_vars: list[str], strides: tuple[int, ...]) -> str:
+    terms = [f"{v} * {s}" for v, s in zip(batch_vars, strides, strict=True) if s != 0]
+    return " + ".join(terms) or "0"
+
+
+_ = dtypes

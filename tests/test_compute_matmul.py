@@ -1,0 +1,123 @@
+"""Matmul kernels: the epilogue claimed into one GEMM kernel, the generated Triton GEMM (under
+the interpreter on CPU) against the reference, batch/transpose/broadcast geometry, cuBLAS as a
+candidate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close
+from fusegraph.backends import cublas
+from fusegraph.codegen.matmul import gemm_configs, gemm_geometry
+from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+
+
+def _run(g: fg.Graph, handles: list, tensors: list[torch.Tensor],
+         out: object) -> tuple[fg.Plan, torch.Tensor, torch.Tensor]:
+    plan = g.build(device="cpu")
+    got = plan.execute(dict(zip(handles, tensors, strict=False)))[out]
+    ref = fg.reference(g).execute(dict(zip(handles, tensors, strict=False)))[out]
+    return plan, got, ref
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_linear_bias_gelu_is_one_triton_kernel(dtype: str) -> None:
+    g = fg.Graph(name="mlp", compute_dtype="float32")
+    x = g.tensor((40, 24), dtype=dtype, name="x")
+    w = g.tensor((36, 24), dtype=dtype, name="w")
+    b = g.tensor((36,), dtype=dtype, name="b")
+    y = g.gelu(g.linear(x, w, b), approximate="tanh")
+    y.set_output()
+    td = getattr(torch, dtype)
+    tensors = [torch.randn(40, 24, dtype=td), torch.randn(36, 24, dtype=td), torch.randn(36, dtype=td)]
+    plan, got, ref = _run(g, [x, w, b], tensors, y)
+    assert len(plan.kernels) == 1
+    k = plan.kernels[0]
+    assert (k.kind, k.backend) == ("matmul", "triton")
+    assert k.ops == ["matmul", "add", "gelu"]
+    assert "tl.dot" in k.source and "GROUP_M" in k.source
+    # bytes: x, w, b read once, y written once (the product never reaches memory)
+    assert k.cost.bytes == sum(t.numel() * t.element_size() for t in tensors) + 40 * 36 * td.itemsize
+    assert_close(got, ref, what=f"linear+bias+gelu {dtype}")
+
+
+def test_batched_matmul_with_trans_flags_broadcast_and_residual() -> None:
+    g = fg.Graph(name="bmm", compute_dtype="float32")
+    a = g.tensor((3, 2, 20, 33), dtype="float16", name="a")
+    b = g.tensor((2, 50, 20), dtype="float16", name="b")
+    r = g.tensor((3, 1, 33, 50), dtype="float16", name="r")
+    y = g.add(g.mul(g.matmul(a, b, transpose_a=True, transpose_b=True), 0.5), r)
+    y.set_output()
+    tensors = [torch.randn(3, 2, 20, 33, dtype=torch.float16), torch.randn(2, 50, 20, dtype=torch.float16),
+               torch.randn(3, 1, 33, 50, dtype=torch.float16)]
+    plan, got, ref = _run(g, [a, b, r], tensors, y)
+    assert [k.kind for k in plan.kernels] == ["matmul"]
+    assert plan.kernels[0].ops == ["matmul", "mul", "add"]
+    assert_close(got, ref, what="batched trans matmul + scale + residual")
+
+
+def test_geometry_of_transposed_broadcast_operands() -> None:
+    g = fg.Graph(name="geo")
+    a = g.tensor((4, 8, 16), name="a")
+    b = g.tensor((32, 16), name="b")
+    y = g.matmul(a, b, transpose_b=True)
+    y.set_output()
+    g.validate()
+    geo = gemm_geometry(y.node)
+    assert (geo.batch, geo.m, geo.n, geo.k) == ((4,), 8, 32, 16)
+    assert geo.a_strides == (16, 1) and geo.b_strides == (1, 16)
+    assert geo.a_batch == (128,) and geo.b_batch == (0,)
+    configs = gemm_configs(geo)
+    assert all(c["BLOCK_M"] == 16 and c["BLOCK_N"] == 32 and c["BLOCK_K"] == 16 for c in configs)
+
+
+def test_epilogue_not_claimed_when_the_product_has_another_reader() -> None:
+    g = fg.Graph(name="two", compute_dtype="float32")
+    x = g.tensor((16, 16), dtype="float32", name="x")
+    w = g.tensor((16, 16), dtype="float32", name="w")
+    p = g.matmul(x, w)
+    y = g.relu(p)
+    p.set_output()
+    y.set_output()
+    plan = g.build(device="cpu")
+    kinds = [(k.kind, tuple(k.ops)) for k in plan.kernels]
+    assert kinds == [("matmul", ("matmul",)), ("pointwise", ("relu",))]
+    xs = [torch.randn(16, 16), torch.randn(16, 16)]
+    outs = plan(*xs)
+    assert_close(outs[0], xs[0] @ xs[1])
+    assert_close(outs[1], torch.relu(xs[0] @ xs[1]))
+
+
+def test_claim_epilogues_structure() -> None:
+    g = fg.Graph(name="claim", compute_dtype="float32")
+    x = g.tensor((8, 16), dtype="float16", name="x")
+    w = g.tensor((16, 32), dtype="float16", name="w")
+    y = g.cast(g.relu(g.matmul(x, w)), "float32")
+    y.set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert len(items) == 1 and isinstance(items[0], MatmulGroup)
+    assert [n.op for n in items[0].epilogue_nodes] == ["relu", "cast"]
+
+
+def test_cublas_candidate_matches_reference() -> None:
+    g = fg.Graph(name="lib", compute_dtype="float32")
+    x = g.tensor((2, 12, 16), dtype="float32", name="x")
+    w = g.tensor((20, 16), dtype="float32", name="w")
+    b = g.tensor((20,), dtype="float32", name="b")
+    y = g.relu(g.linear(x, w, b))
+    y.set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    group = items[0]
+    assert isinstance(group, MatmulGroup)
+    from fusegraph.lower import reference_launch
+
+    launch = cublas.cublas_launch(group, reference_launch(group.epilogue, "float32"))
+    tensors = [torch.randn(2, 12, 16), torch.randn(20, 16), torch.randn(20)]
+    by_id = {n.name: t for n, t in zip(plan.graph.inputs, tensors, strict=False)}
+    got = launch([by_id[n.name] for n in group.inputs])[0]
+    assert_close(got, torch.relu(torch.nn.functional.linear(*tensors)))
