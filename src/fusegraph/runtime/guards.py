@@ -14,36 +14,43 @@ from ..ir.node import Node
 
 def resolve_feeds(inputs: Sequence[Node], feeds: Mapping[Any, Any]) -> list[torch.Tensor]:
     """Map a feed dict (keys: handles, input Nodes or input names) to tensors in input order."""
+    if not isinstance(feeds, Mapping):
+        raise ExecutionError(f"execute takes a dict {{input handle or name: tensor}}, got {type(feeds).__name__}; "
+                             "to pass tensors in declaration order, call the plan: plan(*tensors)")
     by_id = {n.id: k for k, n in enumerate(inputs)}
     by_name = {n.name: k for k, n in enumerate(inputs)}
+    names = ", ".join(n.name for n in inputs)
     out: list[Any] = [None] * len(inputs)
+    fed = [False] * len(inputs)
     for key, value in feeds.items():
         node = getattr(key, "node", key)
         if isinstance(node, Node):
             k = by_id.get(node.id)
-            label = node.name
+            label = where(node.op, node.name, node.source)
         else:
-            k = by_name.get(str(key))
-            label = str(key)
+            k = by_name.get(key) if isinstance(key, str) else None
+            label = f"feed {key!r}"
         if k is None:
-            raise ExecutionError(f"feed {label!r} is not an input of this graph; inputs: "
-                                 f"{', '.join(n.name for n in inputs)}")
-        out[k] = value
-    missing = [n.name for n, v in zip(inputs, out, strict=True) if v is None]
+            raise ExecutionError(f"{label}: not an input of this graph (inputs: {names})")
+        if fed[k]:
+            raise ExecutionError(f"{where('input', inputs[k].name, inputs[k].source)}: fed twice (by handle "
+                                 "and by name?)")
+        out[k], fed[k] = value, True
+    missing = [where("input", n.name, n.source) for n, f in zip(inputs, fed, strict=True) if not f]
     if missing:
-        raise ExecutionError(f"missing feeds for inputs: {', '.join(missing)}")
+        raise ExecutionError(f"missing feeds for: {'; '.join(missing)}")
     return out
 
 
 def check_inputs(inputs: Sequence[Node], values: Sequence[Any], device: str | None = None) -> None:
     """Raise ExecutionError naming the input and the offending value when a feed does not fit."""
     if len(values) != len(inputs):
-        raise ExecutionError(f"expected {len(inputs)} inputs ({', '.join(n.name for n in inputs)}), "
-                             f"got {len(values)}")
+        raise ExecutionError(f"expected {len(inputs)} input tensors in declaration order "
+                             f"({', '.join(n.name for n in inputs)}), got {len(values)}")
     for node, value in zip(inputs, values, strict=True):
         label = where("input", node.name, node.source)
         if not isinstance(value, torch.Tensor):
-            raise ExecutionError(f"{label}: expected a torch.Tensor, got {type(value).__name__}")
+            raise ExecutionError(f"{label}: expected a torch.Tensor, got {type(value).__name__}: {value!r:.60}")
         if tuple(value.shape) != node.shape:
             raise ExecutionError(f"{label}: expected shape {node.shape}, got {tuple(value.shape)}")
         if value.dtype != dtypes.to_torch(node.dtype):
