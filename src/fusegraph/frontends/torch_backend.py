@@ -1,0 +1,205 @@
+"""The torch.compile backend: dynamo graph -> AOTAutograd (ATen forward/backward) -> fusegraph partitions.
+
+    torch.compile(model, backend="fusegraph")        # registered by the torch_dynamo_backends entry point
+    fg.compile(model, mode="max-performance")        # the same through a Session that keeps a report
+
+A Session is one compiled model: it owns the options, the report (what was compiled, what fell
+back and why), the set of ops already warned about (one warning per model), and the count of
+recompiles per frame (settings.max_recompiles; after that a frame runs eagerly).
+
+Modes: "default" and "max-performance" (autotuning forced on) build the same Plans. "reduce-overhead"
+is accepted and currently behaves like "default": capturing Plans as CUDA graphs is not implemented
+yet (the place for it is Session._build_options / the Plan runtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch._functorch.aot_autograd import make_boxed_func
+
+from ..errors import UnsupportedError
+from ..settings import override, settings
+from .torch_ops import native_ops
+from .torch_partition import GraphRecord, partition_graph, warn_fallback
+
+MODES = ("default", "max-performance", "reduce-overhead")
+# Options passed on to Graph.build (see compiler.compile_graph).
+BUILD_OPTIONS = ("fuse", "max_row_block", "keep_composites", "fast_launch")
+
+
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """Core ATen decompositions, except for ops fusegraph translates natively (layer norm, softmax,
+    gelu, addmm, convolution, ...): those reach the translator whole."""
+    from torch._decomp import core_aten_decompositions
+
+    keep = native_ops()
+    return {op: fn for op, fn in core_aten_decompositions().items()
+            if getattr(op, "overloadpacket", None) not in keep}
+
+
+def log(message: str) -> None:
+    if settings.debug >= 1:
+        print(f"[fusegraph] {message}", file=sys.stderr)
+
+
+@dataclass
+class CompileReport:
+    """Everything one Session compiled: per ATen graph, its partitions and its eager fallbacks."""
+
+    graphs: list[GraphRecord] = field(default_factory=list)
+    recompiles: list[str] = field(default_factory=list)
+
+    @property
+    def fallback_ops(self) -> dict[str, str]:
+        """op -> reason, for every op that runs eagerly (unsupported, or its partition failed to build)."""
+        out: dict[str, str] = {}
+        for graph in self.graphs:
+            for (op, reason), _ in graph.fallbacks.items():
+                out.setdefault(op, reason)
+            for part in graph.partitions:
+                if part.status == "eager":
+                    for op in part.ops:
+                        out.setdefault(op, part.reason)
+        return out
+
+    @property
+    def compiled_ops(self) -> set[str]:
+        return {op for g in self.graphs for p in g.partitions if p.status == "fusegraph" for op in p.ops}
+
+    def __str__(self) -> str:
+        lines = [f"fusegraph compile report: {len(self.graphs)} ATen graph(s)"]
+        for graph in self.graphs:
+            compiled = sum(sum(p.ops.values()) for p in graph.partitions if p.status == "fusegraph")
+            lines.append(f"\n{graph.kind} graph: {graph.nodes} ATen ops, {compiled} compiled by fusegraph "
+                         f"in {sum(p.status == 'fusegraph' for p in graph.partitions)} partition(s)")
+            for part in graph.partitions:
+                ops = ", ".join(f"{op.replace('aten.', '')} x{n}" for op, n in sorted(part.ops.items()))
+                status = f"fusegraph, {part.kernels} kernel(s)" if part.status == "fusegraph" \
+                    else f"EAGER ({part.reason})"
+                lines.append(f"  {part.name}: {status}\n      {ops}")
+            for (op, reason), count in sorted(graph.fallbacks.items()):
+                lines.append(f"  eager: {op} x{count}: {reason}")
+        if self.recompiles:
+            lines.append("\nrecompiles:")
+            lines.extend(f"  {r}" for r in self.recompiles)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+class Session:
+    """One compiled model's backend: options, report, warnings already given, recompile counts."""
+
+    def __init__(self, mode: str = "default", options: dict[str, Any] | None = None) -> None:
+        if mode not in MODES:
+            raise UnsupportedError(f"fusegraph compile: unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(BUILD_OPTIONS))
+        if unknown:
+            raise UnsupportedError(f"fusegraph compile: unknown option(s) {', '.join(unknown)}; "
+                                   f"known: {', '.join(BUILD_OPTIONS)}")
+        self.mode = mode
+        self.options = options
+        self.report = CompileReport()
+        self._warned: set[str] = set()
+        self._signatures: dict[Any, list[list[tuple[tuple[int, ...], torch.dtype]]]] = {}
+
+    # ---- the dynamo backend ----
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if not self._admit(example_inputs):
+            return gm.forward
+        from torch._dynamo.backends.common import aot_autograd
+
+        backend = aot_autograd(fw_compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"),
+                               inference_compiler=self._compiler("inference"),
+                               decompositions=decomposition_table())
+        try:
+            return backend(gm, example_inputs)
+        except Exception as err:  # AOTAutograd could not trace it: the whole graph runs in torch
+            self._warn_once("<graph>", f"fusegraph: AOTAutograd failed ({type(err).__name__}: {err}); "
+                                       "this graph runs eagerly in torch")
+            return gm.forward
+
+    def _compiler(self, kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+        def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            with self._build_settings():
+                split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition)
+            self.report.graphs.append(record)
+            new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
+            if new_ops:
+                self._warned.update(new_ops)
+                reasons = {op: reason for op, reason in record.fallbacks}
+                listed = "; ".join(f"{op} ({reasons[op]})" for op in new_ops)
+                warn_fallback(f"fusegraph: {len(new_ops)} op(s) run eagerly in torch: {listed}")
+            log(f"{kind} graph: {len(record.partitions)} fusegraph partition(s), "
+                f"{sum(record.fallbacks.values())} eager op(s)")
+            return make_boxed_func(split)
+        return compile_aten
+
+    def _build_options(self) -> dict[str, Any]:
+        # "reduce-overhead" will add CUDA-graph capture of static Plans here; not implemented yet.
+        return dict(self.options)
+
+    @contextlib.contextmanager
+    def _build_settings(self) -> Iterator[None]:
+        if self.mode == "max-performance":
+            with override(autotune=True):
+                yield
+        else:
+            yield
+
+    def _warn_partition(self, message: str) -> None:
+        self._warn_once(message, message)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warn_fallback(message)
+
+    # ---- guards and recompiles ----
+    def _admit(self, example_inputs: Sequence[Any]) -> bool:
+        """Record this compile's input signature; log what changed on a recompile; False (stay eager)
+        beyond settings.max_recompiles recompiles of one frame."""
+        from torch._guards import CompileContext
+
+        compile_id = CompileContext.current_compile_id()
+        frame = getattr(compile_id, "frame_id", None)
+        signature = [(tuple(t.shape), t.dtype) for t in example_inputs if isinstance(t, torch.Tensor)]
+        seen = self._signatures.setdefault(frame, [])
+        if seen:
+            line = f"recompile {len(seen)} of frame {frame}: {_describe_change(seen[-1], signature)}"
+            self.report.recompiles.append(line)
+            log(line)
+            if len(seen) > settings.max_recompiles:
+                self._warn_once(f"<recompiles {frame}>", f"fusegraph: frame {frame} was recompiled more than "
+                                f"{settings.max_recompiles} times (FUSEGRAPH_MAX_RECOMPILES); new input "
+                                "signatures run eagerly in torch")
+                return False
+        seen.append(signature)
+        return True
+
+
+def _describe_change(old: list[tuple[tuple[int, ...], torch.dtype]],
+                     new: list[tuple[tuple[int, ...], torch.dtype]]) -> str:
+    if len(old) != len(new):
+        return f"{len(old)} -> {len(new)} tensor inputs"
+    changes = []
+    for i, ((s0, d0), (s1, d1)) in enumerate(zip(old, new, strict=True)):
+        if s0 != s1:
+            changes.append(f"input {i} shape {s0} -> {s1}")
+        if d0 != d1:
+            changes.append(f"input {i} dtype {d0} -> {d1}".replace("torch.", ""))
+    return ", ".join(changes) or "same shapes and dtypes (another guard failed)"
+
+
+def fusegraph_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str = "default",
+                      options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The `torch.compile(model, backend="fusegraph")` entry point (one Session per dynamo graph)."""
+    return Session(mode or "default", options)(gm, example_inputs)

@@ -1,0 +1,506 @@
+"""ATen -> fusegraph IR: one table entry per ATen op, each a function that builds fusegraph ops.
+
+A translator gets a Ctx (the fg.Graph under construction and the FX node's fake output values) and
+the node's arguments with FX nodes already replaced by fusegraph Tensors. It returns a Tensor (or a
+tuple for multi-output ops). translate_node() then checks the result against the FX node's own
+shape and casts to its dtype, so a translator only has to get the math right.
+
+`supports` predicates say, before any translation, whether an op's particular call can be served
+(e.g. convolution: 2-d and not transposed); what cannot becomes an eager partition.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..api import Graph, Tensor
+from ..errors import UnsupportedError
+from ..ir import dtypes
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+@dataclass
+class Ctx:
+    """What a translator may look at: the builder and the FX node (meta['val'] = fake outputs)."""
+
+    g: Graph
+    node: torch.fx.Node
+
+    @property
+    def val(self) -> Any:
+        return self.node.meta.get("val")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.val.shape)
+
+    @property
+    def dtype(self) -> str:
+        return dtypes.canonical(self.val.dtype)
+
+    def used_outputs(self) -> set[int]:
+        """Which items of a multi-output node are read (through getitem)."""
+        return {int(u.args[1]) for u in self.node.users if u.target is operator.getitem}  # type: ignore[arg-type]
+
+
+Translator = Callable[..., Any]
+TRANSLATORS: dict[Any, Translator] = {}
+SUPPORTS: dict[Any, Callable[[torch.fx.Node], str | None]] = {}
+
+
+def translates(*ops: Any, supports: Callable[[torch.fx.Node], str | None] | None = None
+               ) -> Callable[[Translator], Translator]:
+    """Register `fn` for ATen overloads; `supports(node)` returns None or why this call is not served."""
+    def register(fn: Translator) -> Translator:
+        for op in ops:
+            TRANSLATORS[op] = fn
+            if supports is not None:
+                SUPPORTS[op] = supports
+        return fn
+    return register
+
+
+def lookup(target: Any) -> Translator | None:
+    return TRANSLATORS.get(target)
+
+
+# ---------------- helpers ----------------
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _cast(cx: Ctx, x: Any, dtype: str) -> Any:
+    if _is_tensor(x) and x.dtype != dtype:
+        return cx.g.cast(x, dtype)
+    return x
+
+
+def _common_dtype(*xs: Any) -> str:
+    """torch's promotion over tensors and Python scalars (a float scalar makes int tensors float)."""
+    tensor_dtypes = [x.dtype for x in xs if _is_tensor(x)]
+    result = dtypes.promote(*tensor_dtypes) if tensor_dtypes else "float32"
+    if any(isinstance(x, float) for x in xs) and not dtypes.is_float(result):
+        result = "float32"
+    return result
+
+
+def _shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape) if _is_tensor(x) else ()
+
+
+def _binary(method: str, *, compare: bool = False) -> Translator:
+    """Pointwise binary op: operands cast to the result dtype (or the promoted one for comparisons)."""
+    def translate(cx: Ctx, a: Any, b: Any, *, alpha: Any = None) -> Any:
+        dtype = _common_dtype(a, b) if compare else cx.dtype
+        a, b = _cast(cx, a, dtype), _cast(cx, b, dtype)
+        if alpha is not None and alpha != 1:
+            b = cx.g.mul(b, alpha)
+        return getattr(cx.g, method)(a, b)
+    return translate
+
+
+def _unary(method: str) -> Translator:
+    def translate(cx: Ctx, x: Any) -> Any:
+        return getattr(cx.g, method)(_cast(cx, x, cx.dtype) if dtypes.is_float(cx.dtype) else x)
+    return translate
+
+
+def _dims(dim: Any, rank: int) -> tuple[int, ...] | None:
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return None
+    dims = tuple(dim) if isinstance(dim, list | tuple) else (dim,)
+    return tuple(d % rank if rank else 0 for d in dims)
+
+
+def _reshape_to(cx: Ctx, x: Any) -> Any:
+    """Shape changes whose target shape is the node's own output shape."""
+    return x if tuple(x.shape) == cx.shape else cx.g.reshape(x, cx.shape)
+
+
+def _full_constant(cx: Ctx, value: Any, shape: Sequence[int], dtype: str) -> Any:
+    """A constant filled with `value`: one scalar, broadcast (a stride-0 view, not a materialized buffer)."""
+    scalar = cx.g.constant(torch.tensor(value, dtype=dtypes.to_torch(dtype)))
+    if not shape:
+        return scalar
+    return cx.g.expand(cx.g.reshape(scalar, (1,) * len(shape)), tuple(shape))
+
+
+# ---------------- pointwise ----------------
+
+for _op, _m in [(aten.add, "add"), (aten.sub, "sub"), (aten.mul, "mul"), (aten.div, "div"),
+                (aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.pow, "pow")]:
+    translates(*[getattr(_op, o) for o in ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar")
+                 if hasattr(_op, o)])(_binary(_m))
+for _op, _m in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
+                (aten.ge, "ge"), (aten.logical_and, "logical_and"), (aten.logical_or, "logical_or")]:
+    translates(*[getattr(_op, o) for o in ("Tensor", "Scalar", "default") if hasattr(_op, o)])(
+        _binary(_m, compare=True))
+for _op, _m in [(aten.exp, "exp"), (aten.log, "log"), (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"),
+                (aten.reciprocal, "reciprocal"), (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"),
+                (aten.sigmoid, "sigmoid"), (aten.relu, "relu"), (aten.silu, "silu"), (aten.erf, "erf"),
+                (aten.neg, "neg"), (aten.abs, "abs"), (aten.floor, "floor"), (aten.ceil, "ceil"),
+                (aten.logical_not, "logical_not")]:
+    translates(_op.default)(_unary(_m))
+
+
+@translates(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(cx: Ctx, x: Any, other: Any, alpha: Any = 1) -> Any:
+    x, other = _cast(cx, x, cx.dtype), _cast(cx, other, cx.dtype)
+    return cx.g.sub(other, x if alpha == 1 else cx.g.mul(x, alpha))
+
+
+@translates(aten.div.Tensor_mode, aten.div.Scalar_mode,
+            supports=lambda n: None if n.kwargs.get("rounding_mode") == "floor" else "rounding_mode other than floor")
+def _div_floor(cx: Ctx, a: Any, b: Any, *, rounding_mode: str) -> Any:
+    return cx.g.floor(cx.g.div(_cast(cx, a, cx.dtype), _cast(cx, b, cx.dtype)))
+
+
+@translates(aten.gelu.default)
+def _gelu(cx: Ctx, x: Any, approximate: str = "none") -> Any:
+    return cx.g.gelu(x, approximate=approximate)
+
+
+@translates(aten.leaky_relu.default)
+def _leaky_relu(cx: Ctx, x: Any, negative_slope: float = 0.01) -> Any:
+    return cx.g.leaky_relu(x, negative_slope)
+
+
+@translates(aten.elu.default, supports=lambda n: None if all(a == 1 for a in n.args[2:4]) else "elu scales")
+def _elu(cx: Ctx, x: Any, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Any:
+    return cx.g.elu(x, alpha)
+
+
+@translates(aten.softplus.default)
+def _softplus(cx: Ctx, x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
+    return cx.g.softplus(x, beta, threshold)
+
+
+@translates(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(cx: Ctx, cond: Any, a: Any, b: Any) -> Any:
+    return cx.g.where(_cast(cx, cond, "bool"), _cast(cx, a, cx.dtype), _cast(cx, b, cx.dtype))
+
+
+@translates(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
+def _clamp(cx: Ctx, x: Any, lo: Any = None, hi: Any = None) -> Any:
+    if cx.node.target is aten.clamp_max.default:
+        lo, hi = None, lo
+    if cx.node.target is aten.hardtanh.default:
+        lo = -1.0 if lo is None else lo
+        hi = 1.0 if hi is None else hi
+    y = _cast(cx, x, cx.dtype)
+    if lo is not None:
+        y = cx.g.maximum(y, lo)
+    if hi is not None:
+        y = cx.g.minimum(y, hi)
+    return y
+
+
+@translates(aten._to_copy.default, prims.convert_element_type.default, aten.to.dtype)
+def _to_copy(cx: Ctx, x: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _cast(cx, x, cx.dtype)
+
+
+@translates(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default,
+            aten.contiguous.default)
+def _identity(cx: Ctx, x: Any, **kwargs: Any) -> Any:
+    return x
+
+
+@translates(aten.scalar_tensor.default)
+def _scalar_tensor(cx: Ctx, value: Any, **kwargs: Any) -> Any:
+    return cx.g.constant(torch.tensor(value, dtype=cx.val.dtype))
+
+
+@translates(aten.full.default, aten.zeros.default, aten.ones.default)
+def _full(cx: Ctx, size: Any, value: Any = None, **kwargs: Any) -> Any:
+    if cx.node.target is aten.zeros.default:
+        value = 0
+    elif cx.node.target is aten.ones.default:
+        value = 1
+    return _full_constant(cx, value, cx.shape, cx.dtype)
+
+
+@translates(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default)
+def _full_like(cx: Ctx, x: Any, value: Any = None, **kwargs: Any) -> Any:
+    if cx.node.target is aten.zeros_like.default:
+        value = 0
+    elif cx.node.target is aten.ones_like.default:
+        value = 1
+    return _full_constant(cx, value, cx.shape, cx.dtype)
+
+
+# ---------------- reductions ----------------
+
+@translates(aten.sum.dim_IntList, aten.sum.default)
+def _sum(cx: Ctx, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    return cx.g.sum(_cast(cx, x, cx.dtype), _dims(dim, len(x.shape)), keepdim)
+
+
+@translates(aten.mean.dim, aten.mean.default)
+def _mean(cx: Ctx, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    return cx.g.mean(_cast(cx, x, cx.dtype), _dims(dim, len(x.shape)), keepdim)
+
+
+@translates(aten.amax.default, aten.amin.default)
+def _amax(cx: Ctx, x: Any, dim: Any = (), keepdim: bool = False) -> Any:
+    method = cx.g.amax if cx.node.target is aten.amax.default else cx.g.min
+    return method(x, _dims(dim, len(x.shape)), keepdim)
+
+
+@translates(aten.var.correction, aten.var.dim)
+def _var(cx: Ctx, x: Any, dim: Any = None, *args: Any, correction: Any = None, keepdim: bool = False,
+         unbiased: Any = None) -> Any:
+    if cx.node.target is aten.var.dim:  # var.dim(self, dim, unbiased=True, keepdim=False)
+        unbiased = args[0] if args else (True if unbiased is None else unbiased)
+        keepdim = args[1] if len(args) > 1 else keepdim
+        correction = 1 if unbiased else 0
+    correction = 1 if correction is None else correction
+    return cx.g.var(x, _dims(dim, len(x.shape)), keepdim, int(correction))
+
+
+@translates(aten._softmax.default)
+def _softmax(cx: Ctx, x: Any, dim: int, half_to_float: bool) -> Any:
+    return cx.g.softmax(x, dim, dtype=cx.dtype if half_to_float else None)
+
+
+@translates(aten._log_softmax.default)
+def _log_softmax(cx: Ctx, x: Any, dim: int, half_to_float: bool) -> Any:
+    return cx.g.log_softmax(x, dim, dtype=cx.dtype if half_to_float else None)
+
+
+# ---------------- normalization ----------------
+
+@translates(aten.native_layer_norm.default)
+def _native_layer_norm(cx: Ctx, x: Any, normalized_shape: Sequence[int], weight: Any, bias: Any,
+                       eps: float) -> Any:
+    """(out, mean, rstd). When only `out` is read: the layernorm op. When the backward needs the
+    statistics too: mean and rstd as reductions in the compute dtype (one fused kernel either way)."""
+    if cx.used_outputs() <= {0}:
+        out = cx.g.layernorm(x, tuple(normalized_shape), weight, bias, eps)
+        return (out, None, None)
+    dims = tuple(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    xf = _cast(cx, x, "float32")
+    mean = cx.g.mean(xf, dims, keepdim=True)
+    centered = cx.g.sub(xf, mean)
+    var = cx.g.mean(cx.g.mul(centered, centered), dims, keepdim=True)
+    rstd = cx.g.rsqrt(cx.g.add(var, float(eps)))
+    y = cx.g.mul(centered, rstd)
+    if weight is not None:
+        y = cx.g.mul(y, _cast(cx, weight, "float32"))
+    if bias is not None:
+        y = cx.g.add(y, _cast(cx, bias, "float32"))
+    return (_cast(cx, y, x.dtype), mean, rstd)
+
+
+def _batch_norm_eval_supports(node: torch.fx.Node) -> str | None:
+    return None if node_users_only_first(node) else "saved statistics of an eval-mode batch norm are read"
+
+
+def node_users_only_first(node: torch.fx.Node) -> bool:
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+
+
+@translates(aten._native_batch_norm_legit_no_training.default, supports=_batch_norm_eval_supports)
+def _batch_norm_eval(cx: Ctx, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                     momentum: float, eps: float) -> Any:
+    out = cx.g.batch_norm(x, running_mean, running_var, weight, bias, training=False, momentum=momentum, eps=eps)
+    return (out, None, None)
+
+
+# ---------------- linear algebra ----------------
+
+@translates(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(cx: Ctx, a: Any, b: Any) -> Any:
+    dtype = cx.dtype
+    return cx.g.matmul(_cast(cx, a, dtype), _cast(cx, b, dtype))
+
+
+@translates(aten.addmm.default, aten.baddbmm.default)
+def _addmm(cx: Ctx, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    prod = cx.g.matmul(a, b)
+    if alpha != 1:
+        prod = cx.g.mul(prod, alpha)
+    if beta == 0:
+        return prod
+    return cx.g.add(prod, bias if beta == 1 else cx.g.mul(bias, beta))
+
+
+def _conv_supports(node: torch.fx.Node) -> str | None:
+    args = list(node.args) + [None] * 9
+    x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if x is None or x.dim() != 4:
+        return "only 2-d convolutions (4-d inputs) are translated"
+    if args[6]:
+        return "transposed convolution"
+    return None
+
+
+@translates(aten.convolution.default, supports=_conv_supports)
+def _convolution(cx: Ctx, x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+                 transposed: bool, output_padding: Any, groups: int) -> Any:
+    return cx.g.conv2d(x, w, bias, tuple(stride), tuple(padding), tuple(dilation), int(groups))
+
+
+def _conv_backward_supports(node: torch.fx.Node) -> str | None:
+    x = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+    if x is None or x.dim() != 4:
+        return "only 2-d convolutions (4-d inputs) are translated"
+    return "transposed convolution" if node.args[7] else None
+
+
+@translates(aten.convolution_backward.default, supports=_conv_backward_supports)
+def _convolution_backward(cx: Ctx, grad: Any, x: Any, w: Any, bias_sizes: Any, stride: Any, padding: Any,
+                          dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                          output_mask: Sequence[bool]) -> Any:
+    common = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": int(groups)}
+    dx = cx.g.conv2d_backward_input(grad, w, tuple(x.shape), **common) if output_mask[0] else None
+    dw = cx.g.conv2d_backward_weight(x, grad, tuple(w.shape), **common) if output_mask[1] else None
+    db = cx.g.sum(grad, (0, 2, 3)) if output_mask[2] else None
+    return (dx, dw, db)
+
+
+def _sdpa_supports(node: torch.fx.Node) -> str | None:
+    if not node_users_only_first(node):
+        return "attention statistics (logsumexp) are read, e.g. by the backward"
+    dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    return None if not dropout else "attention dropout"
+
+
+@translates(aten._scaled_dot_product_flash_attention_for_cpu.default, supports=_sdpa_supports)
+def _sdpa_cpu(cx: Ctx, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False, *,
+              attn_mask: Any = None, scale: Any = None) -> Any:
+    return (cx.g.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale), None)
+
+
+@translates(aten._scaled_dot_product_efficient_attention.default, supports=_sdpa_supports)
+def _sdpa_efficient(cx: Ctx, q: Any, k: Any, v: Any, attn_bias: Any, compute_log_sumexp: bool,
+                    dropout_p: float = 0.0, is_causal: bool = False, *, scale: Any = None) -> Any:
+    return (cx.g.scaled_dot_product_attention(q, k, v, attn_bias, 0.0, is_causal, scale), None, None, None)
+
+
+@translates(aten._scaled_dot_product_flash_attention.default, supports=_sdpa_supports)
+def _sdpa_flash(cx: Ctx, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False,
+                return_debug_mask: bool = False, *, scale: Any = None) -> Any:
+    out = cx.g.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale)
+    return (out,) + (None,) * 8
+
+
+# ---------------- views and indexing ----------------
+
+@translates(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+            aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints)
+def _reshape(cx: Ctx, x: Any, *args: Any) -> Any:
+    return _reshape_to(cx, x)
+
+
+@translates(aten.permute.default)
+def _permute(cx: Ctx, x: Any, dims: Sequence[int]) -> Any:
+    return cx.g.permute(x, tuple(d % len(x.shape) for d in dims))
+
+
+@translates(aten.transpose.int)
+def _transpose(cx: Ctx, x: Any, dim0: int, dim1: int) -> Any:
+    return cx.g.transpose(x, dim0, dim1)
+
+
+@translates(aten.t.default, aten.numpy_T.default)
+def _t(cx: Ctx, x: Any) -> Any:
+    return x if len(x.shape) < 2 else cx.g.transpose(x, 0, 1)
+
+
+@translates(aten.expand.default)
+def _expand(cx: Ctx, x: Any, size: Any, *, implicit: bool = False) -> Any:
+    if len(x.shape) < len(cx.shape):  # expand adds leading dims; fusegraph's expand keeps the rank
+        x = cx.g.reshape(x, (1,) * (len(cx.shape) - len(x.shape)) + tuple(x.shape))
+    return x if tuple(x.shape) == cx.shape else cx.g.expand(x, cx.shape)
+
+
+@translates(aten.slice.Tensor)
+def _slice(cx: Ctx, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    size = x.shape[dim]
+    if (start in (None, 0)) and (end is None or end >= size) and step == 1:
+        return x
+    return cx.g.slice(x, dim, start, None if end is None else min(end, size), step)
+
+
+@translates(aten.select.int)
+def _select(cx: Ctx, x: Any, dim: int, index: int) -> Any:
+    index = index + x.shape[dim] if index < 0 else index
+    return _reshape_to(cx, cx.g.slice(x, dim, index, index + 1, 1))
+
+
+@translates(aten.cat.default)
+def _cat(cx: Ctx, tensors: Sequence[Any], dim: int = 0) -> Any:
+    parts = [_cast(cx, t, cx.dtype) for t in tensors if math.prod(t.shape) > 0 or len(t.shape) > 1]
+    return parts[0] if len(parts) == 1 else cx.g.cat(parts, dim)
+
+
+@translates(aten.embedding.default)
+def _embedding(cx: Ctx, weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+               sparse: bool = False) -> Any:
+    return cx.g.embedding(indices, weight)
+
+
+@translates(aten.index_select.default)
+def _index_select(cx: Ctx, x: Any, dim: int, index: Any) -> Any:
+    return cx.g.index_select(x, dim, index)
+
+
+@translates(aten.gather.default, supports=lambda n: "sparse_grad gather" if n.kwargs.get("sparse_grad") else None)
+def _gather(cx: Ctx, x: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
+    return cx.g.gather(x, dim, index)
+
+
+@translates(aten.constant_pad_nd.default)
+def _pad(cx: Ctx, x: Any, pad: Sequence[int], value: float = 0.0) -> Any:
+    return cx.g.pad(x, tuple(pad), value=float(value))
+
+
+def native_ops() -> set[Any]:
+    """The overload packets that are translated natively (not to be decomposed by AOTAutograd)."""
+    return {op.overloadpacket for op in TRANSLATORS if hasattr(op, "overloadpacket")}
+
+
+def translate_node(cx: Ctx, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Run the node's translator and reconcile its result with the node's fake value (dtype casts;
+    a wrong shape is a translator bug and raises, which sends the partition to eager)."""
+    fn = TRANSLATORS.get(cx.node.target)
+    if fn is None:
+        raise UnsupportedError(f"no translator for {cx.node.target}")
+    out = fn(cx, *args, **kwargs)
+    if isinstance(out, tuple):
+        vals = cx.val
+        return tuple(_reconcile(cx, o, v) if o is not None and isinstance(v, torch.Tensor) else o
+                     for o, v in zip(out, vals, strict=False))
+    return _reconcile(cx, out, cx.val)
+
+
+def _reconcile(cx: Ctx, out: Any, val: torch.Tensor) -> Any:
+    if not _is_tensor(out):
+        return out
+    if tuple(out.shape) != tuple(val.shape):
+        raise UnsupportedError(f"translation of {cx.node.target} ({cx.node.name}) gave shape {tuple(out.shape)}, "
+                               f"torch says {tuple(val.shape)}")
+    return _cast(cx, out, dtypes.canonical(val.dtype))
+
+
+@translates(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(cx: Ctx, x: Any, sizes: Any, dim: int = 0) -> Any:
+    size = x.shape[dim]
+    if isinstance(sizes, int):  # split.Tensor: equal chunks of `sizes` (the last may be shorter)
+        sizes = [min(sizes, size - start) for start in range(0, size, sizes)]
+    out, start = [], 0
+    for length in sizes:
+        out.append(x if length == size else cx.g.slice(x, dim, start, start + length, 1))
+        start += length
+    return tuple(out)

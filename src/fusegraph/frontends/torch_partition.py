@@ -1,0 +1,268 @@
+"""Split an ATen FX graph into fusegraph partitions and eager nodes; compile each partition to a Plan.
+
+Nodes whose op has a translator (and whose call it supports) are grouped by torch's
+CapabilityBasedPartitioner into connected subgraphs; each becomes a CompiledPartition: a fusegraph
+Plan when the translation and build succeed, else the partition's own FX code run by torch (with a
+warning). Everything else stays in the outer FX graph and runs eagerly.
+"""
+
+from __future__ import annotations
+
+import operator
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..api import Graph, Tensor
+from ..ir import dtypes
+from ..ir.spec import contiguous_strides
+from ..settings import settings
+from .torch_ops import SUPPORTS, Ctx, lookup, translate_node
+
+aten = torch.ops.aten
+
+# Partitions made only of these do no arithmetic: leave them to torch (a view costs nothing there).
+VIEW_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+            aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.permute.default, aten.transpose.int,
+            aten.t.default, aten.expand.default, aten.slice.Tensor, aten.select.int, aten.alias.default,
+            aten.detach.default, aten.clone.default, operator.getitem}
+
+
+class FallbackWarning(UserWarning):
+    """Part of a model runs eagerly in torch instead of through fusegraph."""
+
+
+def op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _value_problem(val: Any) -> str | None:
+    """Why a fake value cannot be described to fusegraph (symbolic shape, unknown dtype, device)."""
+    if val is None:
+        return None
+    if isinstance(val, list | tuple):
+        for v in val:
+            problem = _value_problem(v)
+            if problem:
+                return problem
+        return None
+    if not isinstance(val, torch.Tensor):
+        return None if isinstance(val, bool | int | float) else f"a value of type {type(val).__name__}"
+    if any(not isinstance(s, int) for s in val.shape):
+        return f"symbolic shape {tuple(val.shape)} (compile with dynamic=False)"
+    if val.layout != torch.strided:
+        return f"layout {val.layout}"
+    if val.device.type not in ("cpu", "cuda"):
+        return f"device {val.device}"
+    try:
+        dtypes.canonical(val.dtype)
+    except Exception:
+        return f"dtype {val.dtype}"
+    return None
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """None when fusegraph can compile this FX node, else why not (shown by fg.explain)."""
+    if node.op != "call_function":
+        return f"FX {node.op}"
+    if node.target is operator.getitem:
+        src = node.args[0]
+        return unsupported_reason(src) if isinstance(src, torch.fx.Node) else "getitem of a non-node"
+    if lookup(node.target) is None:
+        return "no translator for this ATen op"
+    problem = _value_problem(node.meta.get("val"))
+    for arg in node.all_input_nodes:
+        problem = problem or _value_problem(arg.meta.get("val"))
+    if problem:
+        return problem
+    check = SUPPORTS.get(node.target)
+    return check(node) if check is not None else None
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self) -> None:
+        self.reasons: dict[torch.fx.Node, str] = {}
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        reason = unsupported_reason(node)
+        if reason is not None and node.op == "call_function":
+            self.reasons[node] = reason
+        return reason is None
+
+
+@dataclass
+class PartitionRecord:
+    """What happened to one partition: compiled by fusegraph, or run eagerly (and why)."""
+
+    name: str
+    ops: Counter[str]
+    status: str = "pending"          # "fusegraph" or "eager"
+    reason: str = ""
+    kernels: int = 0
+
+
+@dataclass
+class GraphRecord:
+    """One ATen graph handed to the backend (a forward, backward or inference graph)."""
+
+    kind: str
+    nodes: int
+    partitions: list[PartitionRecord] = field(default_factory=list)
+    fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)   # (op, reason) -> node count
+
+
+class CompiledPartition(torch.nn.Module):
+    """A partition of the FX graph run as one fusegraph Plan; torch runs its FX code if that fails."""
+
+    def __init__(self, sub: torch.fx.GraphModule, input_vals: Sequence[Any], record: PartitionRecord,
+                 build_options: dict[str, Any], warn: Callable[[str], None]) -> None:
+        super().__init__()
+        self.eager = sub
+        self.record = record
+        self._warn = warn
+        self.plan: Any = None
+        self._outputs: list[tuple[str, int]] = []
+        self._out_vals: list[Any] = []
+        try:
+            self._build(input_vals, build_options)
+            record.status, record.kernels = "fusegraph", len(self.plan.kernels) if self.plan is not None else 0
+        except Exception as err:  # any translation or build failure: this partition runs in torch
+            if settings.debug >= 2:
+                traceback.print_exc()
+            self._fall_back(f"build failed: {type(err).__name__}: {err}")
+
+    def _fall_back(self, reason: str) -> None:
+        self.plan = None
+        self.record.status, self.record.reason = "eager", reason
+        ops = ", ".join(sorted(self.record.ops))
+        self._warn(f"fusegraph: partition {self.record.name} ({ops}) runs eagerly in torch: {reason}")
+
+    def _build(self, input_vals: Sequence[Any], build_options: dict[str, Any]) -> None:
+        g = Graph(name=self.record.name, compute_dtype="float32")
+        env: dict[torch.fx.Node, Any] = {}
+        placeholders = [n for n in self.eager.graph.nodes if n.op == "placeholder"]
+        devices = {v.device.type for v in input_vals if isinstance(v, torch.Tensor)}
+        for node, val in zip(placeholders, input_vals, strict=True):
+            if not isinstance(val, torch.Tensor):
+                raise TypeError(f"partition input {node.name} is a {type(val).__name__}, not a tensor")
+            shape, strides = tuple(val.shape), tuple(val.stride())
+            dense = strides == contiguous_strides(shape)
+            env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
+                                 layout=None if dense else "strided", strides=None if dense else strides,
+                                 device=val.device.type)
+        out_args: Any = ()
+        for node in self.eager.graph.nodes:
+            if node.op == "get_attr":
+                env[node] = g.constant(_attr(self.eager, str(node.target)))
+            elif node.op == "call_function" and node.target is operator.getitem:
+                env[node] = env[node.args[0]][node.args[1]]
+            elif node.op == "call_function":
+                args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+                kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+                env[node] = translate_node(Ctx(g, node), args, kwargs)
+            elif node.op == "output":
+                out_args = node.args[0]
+        self._single = not isinstance(out_args, list | tuple)
+        out_nodes = [out_args] if self._single else list(out_args)
+        inputs = [env[p].node.id for p in placeholders]
+        plan_outputs: list[Tensor] = []
+        for out in out_nodes:
+            value = env[out] if isinstance(out, torch.fx.Node) else None
+            self._out_vals.append(out.meta.get("val") if isinstance(out, torch.fx.Node) else None)
+            if not isinstance(value, Tensor):
+                raise TypeError(f"partition output {out} is not a tensor of the graph")
+            if value.node.id in inputs:
+                self._outputs.append(("input", inputs.index(value.node.id)))
+                continue
+            if all(value is not t for t in plan_outputs):
+                plan_outputs.append(value)
+            self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
+        if plan_outputs:
+            g.set_output(*plan_outputs)
+            device = devices.pop() if len(devices) == 1 else None
+            self.plan = g.build(device=device, **build_options)
+
+    def forward(self, *args: Any) -> Any:
+        if self.record.status != "fusegraph":
+            return self.eager(*args)
+        try:
+            results = self.plan.run(list(args)) if self.plan is not None else []
+        except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
+            self._fall_back(f"run failed: {type(err).__name__}: {err}")
+            return self.eager(*args)
+        outs = [args[i] if kind == "input" else results[i] for kind, i in self._outputs]
+        outs = [_with_strides(o, v) for o, v in zip(outs, self._out_vals, strict=True)]
+        return outs[0] if self._single else tuple(outs)
+
+
+def _with_strides(out: torch.Tensor, val: Any) -> torch.Tensor:
+    """The output in the strides torch would have produced (what AOTAutograd's view replay assumes)."""
+    if not isinstance(val, torch.Tensor) or out.stride() == val.stride() or out.dim() == 0:
+        return out
+    if not is_non_overlapping_and_dense(val):
+        return out
+    restrided = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=out.dtype, device=out.device)
+    return restrided.copy_(out)
+
+
+def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Every element has its own memory location and no gaps (a permutation of a contiguous layout)."""
+    expected = 1
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str, Any],
+                    warn: Callable[[str], None]) -> tuple[torch.fx.GraphModule, GraphRecord]:
+    """The FX graph with each supported region replaced by a CompiledPartition module."""
+    record = GraphRecord(kind, sum(1 for n in gm.graph.nodes
+                                   if n.op == "call_function" and n.target is not operator.getitem))
+    support = _Support()
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions()
+                  if any(n.target not in VIEW_OPS for n in p.nodes)]
+    for node, reason in support.reasons.items():
+        if node.target is not operator.getitem:
+            record.fallbacks[(op_name(node), reason)] += 1
+    if not partitions:
+        return gm, record
+    split = partitioner.fuse_partitions(partitions, prefix="fusegraph_")
+    for node in list(split.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith("fusegraph_"):
+            continue
+        sub = getattr(split, str(node.target))
+        ops = Counter(op_name(n) for n in sub.graph.nodes
+                      if n.op == "call_function" and n.target is not operator.getitem)
+        part = PartitionRecord(f"{kind}_{node.target}", ops)
+        input_vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+        compiled = CompiledPartition(sub, input_vals, part, build_options, warn)
+        setattr(split, str(node.target), compiled)
+        record.partitions.append(part)
+    split.recompile()
+    return split, record
+
+
+def warn_fallback(message: str) -> None:
+    warnings.warn(message, FallbackWarning, stacklevel=3)
