@@ -186,3 +186,13 @@ def test_layernorm_backward_with_split_column_sums() -> None:
     plan = g.build()
     assert len(plan.kernels) == 2 and "_finish" in plan.kernels[1].source
     _run(g, feeds)
+
+
+def test_long_full_reduction_and_non_finite_literals() -> None:
+    g = fg.Graph("full")
+    x = g.tensor((2000,), "float32", "x")
+    g.sum(x, None).set_output()
+    g.max(g.where(g.gt(x, 0.5), x, float("-inf")), None).set_output()
+    plan = g.build()
+    assert all("_finish" in k.source for k in plan.kernels)
+    _run(g, [rand(2000)])

@@ -81,7 +81,7 @@ class ColumnSplitWriter(_ReductionWriter):
                 self.value(e, "rmask", dimvar, 1)
         for e in self.group.stores:
             self.store(e, "rmask", dimvar, 1)
-        source = self.module(partial + [""] + ["", ""] + self.lines)
+        source = self.module([*partial, "", "", "", *self.lines])
         return GeneratedKernel(self.name, source, "reduction", self.inputs, self.outputs, extent=rows,
                                reduced_extent=cols, column=True, finish_name=f"{self.name}_finish",
                                workspaces=len(reduces))

@@ -89,7 +89,8 @@ class _Writer:
         if entry.kind == "literal":
             opdef = get_op(entry.node.op)
             assert opdef.triton is not None
-            self.expr[entry.key] = opdef.triton([], entry.node.attrs)
+            text = str(opdef.triton([], entry.node.attrs))
+            self.expr[entry.key] = f"float('{text}')" if text in ("inf", "-inf", "nan") else text
             return
         if entry.kind == "view" or (_is_free_cast(entry.node) and not _narrows(entry.node)):
             self.expr[entry.key] = self.expr[entry.args[0]]
@@ -287,14 +288,16 @@ class _ReductionWriter(_Writer):
         """A column reduction over many rows, with one round of reductions and only per-column
         results: split the rows across programs (partials), then reduce the partials."""
         entries = self.group.entries
-        return (self._is_column() and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
+        column_like = self._is_column() or not self.domain.kept   # a full reduction is one column
+        return (column_like and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
                 and all(e.stage <= 1 for e in entries) and all(not e.full for e in self.group.stores))
 
     def _reduce_single(self, e: Entry, ax: int) -> None:
         combine = get_op(e.node.op).extra["combine"]
         arg = self.expr[e.args[0]]
         fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[combine]
-        self.emit(f"{e.key} = tl.{combine}(tl.where(mask, {arg}, {fill}), axis={ax}, keep_dims=True)", 2)
+        masked = f"tl.where(mask, {arg}, {fill})"
+        self.emit(f"{e.key} = tl.{combine}({masked}, axis={ax}, keep_dims=True)", 2)
         self.expr[e.key] = e.key
 
     def _looped(self, entries: list[Entry], dimvar: dict[int, str], red_lines: list[str], c_tile: str,

@@ -294,44 +294,56 @@ def _ident(name: str) -> str:
 def partition_graph(graph: Graph) -> Partition:
     """Group `graph` (primitives only) into kernels, in an order where each reads only what
     earlier kernels wrote."""
-    users = graph.users()
-    outputs = {n.id for n in graph.outputs}
-    library = [n for n in graph.nodes if n.op != "input" and not is_literal(n) and not fusable(n)]
-    library_ids = {n.id for n in library}
-    anchors: list[Node] = []
-    for node in graph.nodes:
-        if node.op == "input" or node.id in library_ids:
-            continue
-        needed_raw = node.id in outputs or any(u.id in library_ids for u in users.get(node.id, ()))
-        if is_literal(node):
-            if needed_raw:  # a scalar output / library argument: make it with its reference
-                library.append(node)
-                library_ids.add(node.id)
-            continue
-        if needed_raw or (get_op(node.op).has(REDUCTION) and not is_unit_reduction(node)):
-            anchors.append(node)
-
-    boundary = {n.id for n in anchors} | library_ids
+    library_ids = {n.id for n in graph.nodes if n.op != "input" and not is_literal(n) and not fusable(n)}
+    while True:  # an anchor that cannot be traced alone runs by reference; its inputs then become anchors
+        anchors, literal_library = _anchors(graph, library_ids)
+        boundary = {n.id for n in anchors} | library_ids | literal_library
+        failed = set()
+        for anchor in anchors:
+            try:
+                trace_group(KernelGroup(_own_domain(anchor), [anchor]), boundary)
+            except TraceError:
+                failed.add(anchor.id)
+        if not failed:
+            break
+        library_ids |= failed
+    library_ids |= literal_library
+    library = [n for n in graph.nodes if n.id in library_ids]
+    ancestors = _ancestor_masks(graph)
     groups: list[KernelGroup] = []
     group_of: dict[int, KernelGroup] = {}
     for anchor in anchors:
         alone = KernelGroup(_own_domain(anchor), [anchor])
-        try:
-            trace_group(alone, boundary)
-        except TraceError:
-            library.append(anchor)
-            library_ids.add(anchor.id)
-            continue
-        target = _merge_target(alone, groups, group_of, boundary)
+        trace_group(alone, boundary)
+        target = _merge_target(alone, groups, group_of, boundary, ancestors)
         if target is None:
             groups.append(alone)
             group_of[anchor.id] = alone
         else:
             group_of[anchor.id] = target
-    _merge_same_domain(groups, group_of, boundary)
+    _merge_same_domain(groups, group_of, boundary, ancestors)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
     return Partition(_schedule(groups, library, graph))
+
+
+def _anchors(graph: Graph, library_ids: set[int]) -> tuple[list[Node], set[int]]:
+    """Values that must be kernel results: graph outputs, library-op arguments, reductions.
+    Also the literals that must exist as tensors (outputs, library arguments)."""
+    users = graph.users()
+    outputs = {n.id for n in graph.outputs}
+    anchors: list[Node] = []
+    literals: set[int] = set()
+    for node in graph.nodes:
+        if node.op == "input" or node.id in library_ids:
+            continue
+        needed_raw = node.id in outputs or any(u.id in library_ids for u in users.get(node.id, ()))
+        if is_literal(node):
+            if needed_raw:  # a scalar output / library argument: made by its reference
+                literals.add(node.id)
+        elif needed_raw or (get_op(node.op).has(REDUCTION) and not is_unit_reduction(node)):
+            anchors.append(node)
+    return anchors, literals
 
 
 def _own_domain(anchor: Node) -> Domain:
@@ -340,8 +352,28 @@ def _own_domain(anchor: Node) -> Domain:
     return Domain(tuple(s for s in anchor.shape if s != 1))
 
 
+def _ancestor_masks(graph: Graph) -> dict[int, int]:
+    """node id -> bitmask (by position in graph.nodes) of every node it depends on."""
+    bit = {n.id: 1 << k for k, n in enumerate(graph.nodes)}
+    masks: dict[int, int] = {}
+    for n in graph.nodes:
+        m = 0
+        for i in n.inputs:
+            m |= masks.get(i.id, 0) | bit.get(i.id, 0)
+        masks[n.id] = m
+    return masks
+
+
+def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int, int]) -> bool:
+    """Does a value this kernel reads depend on one it writes (through other kernels)?"""
+    written = 0
+    for a in group.anchors:
+        written |= graph_bits[a.id]
+    return any(ancestors.get(e.node.id, 0) & written for e in group.loads)
+
+
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
-                  boundary: set[int]) -> KernelGroup | None:
+                  boundary: set[int], ancestors: dict[int, int]) -> KernelGroup | None:
     """The producer group this anchor can join (latest first), merging in place; None if none."""
     producers = [group_of[e.node.id] for e in alone.loads if e.node.id in group_of]
     reads = {e.node.id for e in alone.loads}
@@ -350,12 +382,14 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
     ordered += [g for g in reversed(siblings) if g not in ordered]  # same space, same data read
     for group in ordered:
         domain = _merged_domain(group.domain, alone.domain, alone.anchors[0])
-        if domain is None or _reaches(producers, group, group_of, exclude=group):
+        if domain is None:
             continue
         trial = KernelGroup(domain, group.anchors + alone.anchors)
         try:
             trace_group(trial, boundary)
         except TraceError:
+            continue
+        if _cyclic(trial, ancestors, _bits(ancestors)):
             continue
         group.domain, group.anchors = trial.domain, trial.anchors
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
@@ -363,27 +397,18 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
     return None
 
 
-def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGroup], boundary: set[int]) -> None:
+def _bits(ancestors: dict[int, int]) -> dict[int, int]:
+    return {nid: 1 << k for k, nid in enumerate(ancestors)}
+
+
+def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGroup], boundary: set[int],
+                       ancestors: dict[int, int]) -> None:
     """Second round: merge groups of one domain that depend on each other or read the same data,
     when no third kernel sits between them (greedy anchor order can leave such pairs apart)."""
     def deps(g: KernelGroup) -> set[int]:
         return {id(group_of[e.node.id]) for e in g.loads if e.node.id in group_of} - {id(g)}
 
-    by_id = {id(g): g for g in groups}
-
-    def path_avoiding(src: KernelGroup, dst: KernelGroup) -> bool:
-        stack = [by_id[d] for d in deps(src) if d != id(dst)]
-        seen: set[int] = set()
-        while stack:
-            g = stack.pop()
-            if id(g) in seen:
-                continue
-            seen.add(id(g))
-            if dst is not g and id(dst) in deps(g):
-                return True
-            stack.extend(by_id[d] for d in deps(g) if d not in seen)
-        return False
-
+    bits = _bits(ancestors)
     changed = True
     while changed:
         changed = False
@@ -393,7 +418,7 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                     continue
                 related = id(a) in deps(b) or id(b) in deps(a) or \
                     {e.node.id for e in a.loads} & {e.node.id for e in b.loads}
-                if not related or path_avoiding(a, b) or path_avoiding(b, a):
+                if not related:
                     continue
                 first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)
                 trial = KernelGroup(first.domain, first.anchors + second.anchors)
@@ -401,12 +426,13 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                     trace_group(trial, boundary)
                 except TraceError:
                     continue
+                if _cyclic(trial, ancestors, bits):
+                    continue
                 first.anchors, first.entries, first.loads, first.stores = \
                     trial.anchors, trial.entries, trial.loads, trial.stores
                 for n in second.anchors:
                     group_of[n.id] = first
                 groups.remove(second)
-                by_id.pop(id(second))
                 changed = True
 
 
@@ -424,22 +450,6 @@ def _merged_domain(have: Domain, new: Domain, anchor: Node) -> Domain | None:
     if reduction.kept_numel < MIN_KEPT_FOR_FUSION and numel > SMALL_NUMEL:
         return None  # the fused kernel would run on too few programs
     return reduction
-
-
-def _reaches(producers: list[KernelGroup], target: KernelGroup, group_of: dict[int, KernelGroup],
-             exclude: KernelGroup) -> bool:
-    """Would merging into `target` make a cycle: does another producer depend on `target`?"""
-    stack = [p for p in producers if p is not exclude]
-    seen: set[int] = set()
-    while stack:
-        g = stack.pop()
-        if g is target:
-            return True
-        if id(g) in seen:
-            continue
-        seen.add(id(g))
-        stack.extend(group_of[e.node.id] for e in g.loads if e.node.id in group_of)
-    return False
 
 
 def _drop_internal_stores(group: KernelGroup, groups: list[KernelGroup], graph: Graph,
