@@ -310,7 +310,8 @@ def main() -> int:
             cells.append(f"{row[c]['device_ms']:.3f}ms {row[c]['pct_floor']:3.0f}% {row[c]['latency_ms']:.3f}"
                          if c in row else f"{'-':>22}")
         ratio = row["torch.compile"]["device_ms"] / row["fusegraph"]["device_ms"] if "torch.compile" in row else 0
-        print(f"{row['workload']:<20} {row['floor_ms']:.3f} " + " ".join(f"{c:>22}" for c in cells) + f"   {ratio:.2f}x")
+        line = " ".join(f"{c:>22}" for c in cells)
+        print(f"{row['workload']:<20} {row['floor_ms']:.3f} {line}   {ratio:.2f}x")
     print("(cells: device time, % of copy floor, per-call latency ms)")
     ratios = [r["torch.compile"]["device_ms"] / r["fusegraph"]["device_ms"] for r in rows if "torch.compile" in r]
     if ratios:

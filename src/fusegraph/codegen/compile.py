@@ -46,7 +46,7 @@ def load_triton_function(source: str, name: str) -> Any:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     if interpreting() and hasattr(module, "libdevice"):
-        module.libdevice = _NumpyLibdevice()  # the interpreter has no libdevice
+        setattr(module, "libdevice", _NumpyLibdevice())  # noqa: B010  (the interpreter has no libdevice)
     fn = getattr(module, name)
     _LOADED[key] = fn
     return fn

@@ -69,7 +69,8 @@ def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict
             "num_warps": warps}
 
 
-def launch_parameters(gen: GeneratedKernel, config: dict[str, Any]) -> tuple[list[tuple[int, ...]], dict[str, Any], int]:
+def launch_parameters(gen: GeneratedKernel,
+                      config: dict[str, Any]) -> tuple[list[tuple[int, ...]], dict[str, Any], int]:
     """(grid of each launch, constexprs in signature order, num_warps) for one config."""
     warps = int(config.get("num_warps", 4))
     if gen.kind == "pointwise":

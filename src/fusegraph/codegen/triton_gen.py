@@ -166,7 +166,8 @@ def _max_offset(node: Node) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(node.shape, node.spec.memory_strides, strict=True))
 
 
-def _index_vars(shape: tuple[int, ...], dims: tuple[int, ...], linear: str, prefix: str) -> tuple[list[str], dict[int, str]]:
+def _index_vars(shape: tuple[int, ...], dims: tuple[int, ...], linear: str,
+                prefix: str) -> tuple[list[str], dict[int, str]]:
     """Per-dim indices of `linear`, a row-major index over `shape[d] for d in dims`."""
     lines, names = [], {}
     inner = 1
