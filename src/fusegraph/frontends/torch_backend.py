@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import UnsupportedError
 from ..settings import override, settings
@@ -129,7 +130,8 @@ class Session:
 
     def _compiler(self, kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-            with self._build_settings():
+            # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
+            with unset_fake_temporarily(), self._build_settings():
                 split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition)
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)

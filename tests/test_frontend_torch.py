@@ -1,0 +1,276 @@
+"""The torch.compile backend on CPU: generated kernels run under the Triton interpreter (conftest).
+
+Models are tiny; each test compares outputs (and gradients) with eager torch and asserts on the
+structure of what was compiled (partitions compiled by fusegraph, ops left to torch)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.frontends.torch_partition import FallbackWarning
+from fusegraph.settings import override
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 8, d_hidden: int = 16, d_out: int = 4) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_in, d_hidden), nn.Linear(d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention written as matmul + softmax, MLP with gelu."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(d, dim=-1))
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1) @ v
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def _eval_conv_net() -> ConvNet:
+    net = ConvNet()
+    for bn in (net.bn1, net.bn2):  # non-trivial running statistics
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _check_training(model: nn.Module, x: torch.Tensor) -> fg.compile:
+    compiled = fg.compile(model)
+    out = compiled(x)
+    out.square().sum().backward()
+    got = _grads(model)
+    model.zero_grad()
+    ref = model(x)
+    ref.square().sum().backward()
+    assert_close(out, ref, what="forward")
+    for (name, _), g, r in zip(model.named_parameters(), got, _grads(model), strict=True):
+        assert_close(g, r, tol=1e-4, what=f"grad {name}")
+    return compiled
+
+
+def test_backend_is_registered_by_entry_point():
+    names = [ep.name for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")]
+    assert "fusegraph" in names
+    assert "fusegraph" in torch._dynamo.list_backends()
+
+
+def test_string_backend_runs_mlp():
+    model, x = MLP(), rand(4, 8)
+    compiled = torch.compile(model, backend="fusegraph", dynamic=False)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+
+
+def test_mlp_inference_all_compiled():
+    model, x = MLP(), rand(4, 8)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert [g.kind for g in report.graphs] == ["inference"]
+    assert report.fallback_ops == {}
+    assert {"aten.addmm.default", "aten.gelu.default"} <= report.compiled_ops
+    assert all(p.status == "fusegraph" and p.kernels >= 1 for p in report.graphs[0].partitions)
+
+
+def test_transformer_block_inference():
+    model, x = Block(), rand(2, 4, 16)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert report.fallback_ops == {}
+    assert {"aten.native_layer_norm.default", "aten._softmax.default", "aten.bmm.default"} <= report.compiled_ops
+
+
+def test_conv_net_eval_inference():
+    model, x = _eval_conv_net(), rand(2, 3, 8, 8)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert report.fallback_ops == {}
+    assert {"aten.convolution.default", "aten._native_batch_norm_legit_no_training.default",
+            "aten.relu.default"} <= report.compiled_ops
+
+
+def test_mlp_training_gradients_match_eager():
+    compiled = _check_training(MLP(), rand(4, 8))
+    kinds = [g.kind for g in compiled.fusegraph_report.graphs]
+    assert kinds == ["forward", "backward"]
+    assert compiled.fusegraph_report.fallback_ops == {}
+
+
+def test_transformer_block_training_gradients_match_eager():
+    compiled = _check_training(Block(), rand(2, 4, 16))
+    report = compiled.fusegraph_report
+    assert [g.kind for g in report.graphs] == ["forward", "backward"]
+    assert report.fallback_ops == {}
+    # the backward graph is compiled too, not only the forward
+    assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
+
+
+def test_unsupported_op_falls_back_with_one_warning():
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x @ w)
+        return torch.cumsum(h, dim=-1).exp() + torch.cumsum(h * 2, dim=0)
+
+    x, w = rand(4, 6), rand(6, 6)
+    compiled = fg.compile(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x, w)
+        compiled(x, w)
+    assert_close(out, f(x, w))
+    ours = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "aten.cumsum.default" in str(ours[0].message)
+    report = compiled.fusegraph_report
+    assert "aten.cumsum.default" in report.fallback_ops
+    assert "aten.mm.default" in report.compiled_ops and "aten.tanh.default" in report.compiled_ops
+
+
+def test_explain_lists_compiled_and_fallback_ops():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(torch.relu(x) * 3.0, dim=-1).values.sigmoid()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        report = fg.explain(f, rand(3, 5))
+    text = str(report)
+    assert "aten.sort" in text and "no translator" in text
+    assert "relu.default" in text and "fusegraph, " in text
+    assert "aten.sort.default" in report.fallback_ops
+
+
+def test_recompiles_on_new_shape_and_logs_what_changed(capsys):
+    model = MLP()
+    compiled = fg.compile(model)
+    with torch.no_grad(), override(debug=1):
+        for rows in (4, 6):
+            x = rand(rows, 8)
+            assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert len(report.graphs) == 2
+    assert any("shape (4, 8) -> (6, 8)" in line for line in report.recompiles), report.recompiles
+    assert "[fusegraph] recompile 1" in capsys.readouterr().err
+
+
+def test_max_recompiles_then_eager():
+    model = MLP()
+    compiled = fg.compile(model)
+    with torch.no_grad(), override(max_recompiles=1), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (2, 3, 5):
+            x = rand(rows, 8)
+            assert_close(compiled(x), model(x))
+    assert len(compiled.fusegraph_report.graphs) == 2   # the third signature was not compiled
+    assert any("recompiled more than 1 times" in str(w.message) for w in caught)
+
+
+def test_failed_build_falls_back_to_eager(monkeypatch):
+    def broken_build(self, *args, **kwargs):
+        raise RuntimeError("simulated Triton compile error")
+
+    monkeypatch.setattr(fg.Graph, "build", broken_build)
+    model, x = Block(), rand(2, 4, 16)
+    compiled = fg.compile(model)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x)
+    assert_close(out, model(x))
+    messages = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
+    assert messages and all("simulated Triton compile error" in m for m in messages)
+    parts = compiled.fusegraph_report.graphs[0].partitions
+    assert parts and all(p.status == "eager" for p in parts)
+
+
+def test_failed_first_launch_falls_back_to_eager(monkeypatch):
+    from fusegraph.runtime.plan import Plan
+
+    def broken_run(self, inputs):
+        raise RuntimeError("simulated launch failure")
+
+    monkeypatch.setattr(Plan, "run", broken_run)
+    model, x = MLP(), rand(4, 8)
+    compiled = fg.compile(model)
+    with torch.no_grad(), pytest.warns(FallbackWarning, match="simulated launch failure"):
+        assert_close(compiled(x), model(x))
+    assert all(p.status == "eager" for p in compiled.fusegraph_report.graphs[0].partitions)
+
+
+def test_translated_op_mix_matches_eager():
+    def f(x: torch.Tensor, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        e = F.embedding(idx, table)                                   # (4, 6)
+        y = torch.where(x > 0, x, x * 0.5) - x.amax(dim=-1, keepdim=True)
+        y = torch.cat([y, e], dim=-1)[:, 1:9]                          # cat + slice
+        z = y.var(dim=0, keepdim=True) + y[2] + torch.full((1, 8), 0.25)
+        return F.log_softmax(z.unsqueeze(0).squeeze(0) * F.silu(y), dim=-1) + y.sigmoid().mean()
+
+    x, idx, table = rand(4, 5), torch.tensor([1, 0, 3, 2]), rand(4, 6)
+    compiled = fg.compile(f)
+    assert_close(compiled(x, idx, table), f(x, idx, table))
+    assert compiled.fusegraph_report.fallback_ops == {}
+
+
+def test_unknown_mode_and_option_are_rejected():
+    with pytest.raises(fg.UnsupportedError, match="unknown mode"):
+        fg.compile(MLP(), mode="fastest")
+    with pytest.raises(fg.UnsupportedError, match="unknown option"):
+        fg.compile(MLP(), options={"turbo": True})
+
+
+def test_modes_run_the_same_model():
+    model, x = MLP(), rand(4, 8)
+    for mode in ("max-performance", "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = fg.compile(model, mode=mode, options={"fuse": True})
+        with torch.no_grad():
+            assert_close(compiled(x), model(x))
