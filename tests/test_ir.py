@@ -173,7 +173,7 @@ def test_provenance_records_each_pass_and_prints() -> None:
     g.set_output(g.exp(g.mul(x, 1.0)))
     out = optimize(g.to_ir())
     names = [r.name for r in out.provenance]
-    assert names[:4] == ["simplify", "fold", "cse", "dce"]
+    assert names[0] == "simplify" and {"fold", "cse", "dce"} <= set(names)
     assert all(r.seconds >= 0 for r in out.provenance)
     first = out.provenance[0]
     assert (first.nodes_before, first.nodes_after) == (4, 2)

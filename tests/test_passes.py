@@ -307,7 +307,8 @@ def test_transpose_folds_into_matmul_flags() -> None:
 
 # ---------------------------------------------------------------- pipeline
 def test_pipeline_order_and_fixed_point() -> None:
-    assert [p.name for p in PIPELINE] == ["simplify", "fold", "cse", "dce"]
+    mine = ("simplify", "fold", "cse", "dce")          # other passes may sit between them
+    assert [p.name for p in PIPELINE if p.name in mine] == list(mine)
     g = fg.Graph("pipeline")
     x = g.tensor((4, 8), name="x")
     one = g.sub(g.constant(2.0), g.constant(1.0))   # fold -> 1.0, then simplify x*1 -> x
@@ -317,8 +318,8 @@ def test_pipeline_order_and_fixed_point() -> None:
     out = optimize(ir)
     assert ops_of(out) == Counter({"exp": 1, "add": 1})
     names = [r.name for r in out.provenance]
-    assert names[:4] == ["simplify", "fold", "cse", "dce"] and len(names) % 4 == 0 and len(names) >= 8
-    assert len(optimize(out).provenance) == len(out.provenance) + 4    # already a fixed point: one round
+    assert [n for n in names if n in mine][:4] == list(mine) and len(names) >= 2 * len(PIPELINE)
+    assert len(optimize(out).provenance) == len(out.provenance) + len(PIPELINE)   # a fixed point: one round
     same_results(ir, out)
 
 

@@ -57,7 +57,8 @@ def execute_graph(graph: Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor
             remaining[i.id] -= 1
             if remaining[i.id] == 0 and i.id not in keep and i.op != "input":
                 env.pop(i.id, None)
-    return [env[n.id] for n in graph.outputs]
+    inputs_ids = {n.id for n in graph.inputs}  # outputs never alias the user's input tensors
+    return [env[n.id].clone() if n.id in inputs_ids else env[n.id] for n in graph.outputs]
 
 
 class ReferenceExecutor:

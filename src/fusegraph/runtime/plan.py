@@ -77,7 +77,8 @@ class Plan:
                 buf[k] = r
             for i in frees:
                 buf[i] = None
-        return [buf[k] for k in self._out_slots]
+        n_in = len(inputs)  # an output that is an input (after x*1 -> x) is a copy, never the user's tensor
+        return [buf[k].clone() if k < n_in else buf[k] for k in self._out_slots]
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expect):
