@@ -100,5 +100,11 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_OPS)
 
 
+_loaded = False
+
+
 def _ensure_loaded() -> None:
-    from .. import ops  # noqa: F401  (importing registers every op)
+    global _loaded
+    if not _loaded:  # an import statement per lookup costs microseconds; passes look ops up per node
+        from .. import ops  # noqa: F401  (importing registers every op)
+        _loaded = True

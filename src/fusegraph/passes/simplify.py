@@ -284,10 +284,22 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
 ]
 
 
+_RULES_BY_OP: dict[str, list[tuple[Pat, Callable[..., Node | None]]]] = {}
+
+
+def rules_for(op: str) -> list[tuple[Pat, Callable[..., Node | None]]]:
+    """The rules whose root pattern can match an `op` node (RULES' order kept; cached per op)."""
+    if op not in _RULES_BY_OP:
+        props = get_op(op).props
+        _RULES_BY_OP[op] = [(pat, fn) for pat, fn in RULES
+                            if (pat.op is None or op in pat.op) and (pat.prop is None or pat.prop in props)]
+    return _RULES_BY_OP[op]
+
+
 def simplify_node(node: Node) -> Node:
     """Apply rules at `node` until none fires (bounded); every replacement keeps node's type."""
     for _ in range(MAX_REWRITES_PER_NODE):
-        for pattern, fn in RULES:
+        for pattern, fn in rules_for(node.op):
             bound = pattern.match(node)
             if bound is None:
                 continue
