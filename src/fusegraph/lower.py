@@ -41,13 +41,15 @@ def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note
     dense = None if node.multi_output else node.spec.memory_strides
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
-        device = args[0].device if args else None
+        device = args[0].device if args and isinstance(args[0], torch.Tensor) else None  # getitem: a tuple
         out = run_node(node, list(args), compute_dtype, device)
         if dense is not None and isinstance(out, torch.Tensor) and out.stride() != dense and out.numel() > 1:
             out = torch.empty_strided(out.shape, dense, dtype=out.dtype, device=out.device).copy_(out)
         return [out]
 
-    cost = opdef.cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
+    # getitem picks one value of a multi-output node: it moves nothing
+    cost = Cost(0, 0) if node.op == "getitem" else opdef.cost([i.spec for i in node.inputs], list(node.specs),
+                                                               node.attrs)
     return Kernel(name=f"{backend}_{node.name}", kind="eager" if backend == "eager" else "library",
                   backend=backend, nodes=(node,), inputs=inputs, outputs=(node,), cost=cost,
                   launch=launch, source=f"# {node.op} via torch reference", note=note)
@@ -60,15 +62,20 @@ def lower_reference(graph: Graph) -> list[Kernel]:
 def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None) -> list[Kernel]:
     """Partition `graph` and turn each group into a kernel."""
     options = options or {}
-    from .backends.matmul_kernel import matmul_group_kernel  # compute-bound kernels (issue 4)
-    from .fusion.epilogue import MatmulGroup, claim_epilogues
+    from .backends.conv_kernel import conv_group_kernel  # compute-bound kernels (issue 4)
+    from .backends.lowering import compute_node_kernel
+    from .backends.matmul_kernel import matmul_group_kernel
+    from .fusion.epilogue import ConvGroup, MatmulGroup, claim_epilogues
 
     kernels = []
     for k, item in enumerate(claim_epilogues(partition_graph(graph).items, graph)):
         if isinstance(item, MatmulGroup):
             kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
+        elif isinstance(item, ConvGroup):
+            kernels.append(conv_group_kernel(item, f"fg_k{k}_conv", graph.compute_dtype, device, options))
         elif isinstance(item, Node):
-            kernels.append(node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
+            kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
+                           or node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
         else:
             kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
     return kernels

@@ -1,4 +1,5 @@
-"""Epilogue claiming: a matmul and the pointwise kernel that consumes only it become one kernel.
+"""Epilogue claiming: a matmul or convolution and the pointwise kernel that consumes only it
+become one kernel.
 
 Runs on the partitioner's output without changing it. The partitioner leaves every matmul as a
 library node whose output is a load of the pointwise kernel after it (bias add, activation,
@@ -17,24 +18,18 @@ from ..ir.node import Node
 from ..ir.registry import get_op
 from .partition import Domain, Entry, KernelGroup, squeeze_map
 
-Item = "KernelGroup | MatmulGroup | Node"
-
 
 @dataclass
-class MatmulGroup:
-    """One GEMM kernel: `matmul` computed into an accumulator, then `epilogue` on it.
+class EpilogueGroup:
+    """One kernel: the compute-bound node `compute`, then `epilogue` on its result.
 
-    `epilogue` is a pointwise KernelGroup over the matmul's output space; its load of the matmul
-    (`product`) is the accumulator. A matmul without a claimed epilogue gets the identity one
+    `epilogue` is a pointwise KernelGroup over the compute node's output space; its load of that
+    output (`product`) is the accumulator. A node without a claimed epilogue gets the identity one
     (store the product)."""
 
-    matmul: Node
+    compute: Node
     epilogue: KernelGroup
-    product: Entry                   # the epilogue's load of the matmul's result
-
-    @property
-    def kind(self) -> str:
-        return "matmul"
+    product: Entry                   # the epilogue's load of the compute node's result
 
     @property
     def stores(self) -> list[Entry]:
@@ -46,47 +41,69 @@ class MatmulGroup:
 
     @property
     def inputs(self) -> list[Node]:
-        """Distinct values read: the two operands, then what the epilogue reads besides the product."""
+        """Distinct values read: the compute node's operands, then what the epilogue reads besides."""
         seen: dict[int, Node] = {}
-        for n in (*self.matmul.inputs, *self.epilogue.inputs):
-            if n.id != self.matmul.id:
+        for n in (*self.compute.inputs, *self.epilogue.inputs):
+            if n.id != self.compute.id:
                 seen.setdefault(n.id, n)
         return list(seen.values())
 
     @property
     def nodes(self) -> list[Node]:
-        return [self.matmul, *self.epilogue.nodes]
+        return [self.compute, *self.epilogue.nodes]
 
     @property
     def epilogue_nodes(self) -> list[Node]:
         return self.epilogue.nodes
 
 
-def is_matmul(node: Node) -> bool:
-    return get_op(node.op).extra.get("kernel_kind") == "matmul"
+class MatmulGroup(EpilogueGroup):
+    """A GEMM with its epilogue (one generated Triton kernel, or cuBLAS + the epilogue)."""
+
+    kind = "matmul"
+
+    @property
+    def matmul(self) -> Node:
+        return self.compute
 
 
-def identity_epilogue(matmul: Node) -> tuple[KernelGroup, Entry]:
+class ConvGroup(EpilogueGroup):
+    """A convolution with its epilogue (cuDNN, then the epilogue as our generated kernel)."""
+
+    kind = "convolution"
+
+
+GROUP_OF_KIND: dict[str, type[MatmulGroup] | type[ConvGroup]] = {"matmul": MatmulGroup, "conv": ConvGroup}
+
+
+def compute_kind(node: Node) -> str | None:
+    """The kernel kind ("matmul" or "conv") of a node that takes an epilogue, else None."""
+    kind = get_op(node.op).extra.get("kernel_kind")
+    return kind if kind in GROUP_OF_KIND and not node.multi_output else None
+
+
+def identity_epilogue(node: Node) -> tuple[KernelGroup, Entry]:
     """The epilogue that only stores the product."""
-    emb = tuple(squeeze_map(matmul.shape))
-    load = Entry(f"v0_{_ident(matmul.name)}", matmul, emb, "load")
-    group = KernelGroup(Domain(tuple(s for s in matmul.shape if s != 1)), [matmul], [load], [load], [load])
+    emb = tuple(squeeze_map(node.shape))
+    load = Entry(f"v0_{_ident(node.name)}", node, emb, "load")
+    group = KernelGroup(Domain(tuple(s for s in node.shape if s != 1)), [node], [load], [load], [load])
     return group, load
 
 
-def claim_epilogues(items: list[KernelGroup | Node], graph: Graph) -> list[KernelGroup | MatmulGroup | Node]:
-    """Replace each matmul library node (and the pointwise kernel that is its only reader, when
-    it fits) by a MatmulGroup, placed where that reader was scheduled."""
+def claim_epilogues(items: list[KernelGroup | Node],
+                    graph: Graph) -> list[KernelGroup | MatmulGroup | ConvGroup | Node]:
+    """Replace each matmul/conv library node (and the pointwise kernel that is its only reader,
+    when it fits) by a MatmulGroup/ConvGroup, placed where that reader was scheduled."""
     readers: dict[int, list[KernelGroup | Node]] = {}
     for item in items:
         reads = {e.node.id for e in item.loads} if isinstance(item, KernelGroup) else {i.id for i in item.inputs}
         for rid in reads:
             readers.setdefault(rid, []).append(item)
     outputs = {n.id for n in graph.outputs}
-    claimed: dict[int, MatmulGroup] = {}       # id(epilogue group) -> merged kernel
-    merged_away: set[int] = set()              # ids of matmul nodes moved into a later kernel
+    claimed: dict[int, MatmulGroup | ConvGroup] = {}  # id(epilogue group) -> merged kernel
+    merged_away: set[int] = set()              # ids of compute nodes moved into a later kernel
     for item in items:
-        if not isinstance(item, Node) or not is_matmul(item):
+        if not isinstance(item, Node) or compute_kind(item) is None:
             continue
         users = readers.get(item.id, [])
         if item.id in outputs or len(users) != 1 or not isinstance(users[0], KernelGroup):
@@ -94,30 +111,30 @@ def claim_epilogues(items: list[KernelGroup | Node], graph: Graph) -> list[Kerne
         product = _product_load(users[0], item)
         if product is None or id(users[0]) in claimed:
             continue
-        claimed[id(users[0])] = MatmulGroup(item, users[0], product)
+        claimed[id(users[0])] = GROUP_OF_KIND[str(compute_kind(item))](item, users[0], product)
         merged_away.add(item.id)
-    out: list[KernelGroup | MatmulGroup | Node] = []
+    out: list[KernelGroup | MatmulGroup | ConvGroup | Node] = []
     for item in items:
         if isinstance(item, Node) and item.id in merged_away:
             continue
         if isinstance(item, KernelGroup) and id(item) in claimed:
             out.append(claimed[id(item)])
-        elif isinstance(item, Node) and is_matmul(item):
+        elif isinstance(item, Node) and compute_kind(item) is not None:
             group, load = identity_epilogue(item)
-            out.append(MatmulGroup(item, group, load))
+            out.append(GROUP_OF_KIND[str(compute_kind(item))](item, group, load))
         else:
             out.append(item)
     return out
 
 
-def _product_load(group: KernelGroup, matmul: Node) -> Entry | None:
-    """The group's single element-for-element load of `matmul`, if it can be an epilogue of it."""
-    if group.domain.is_reduction or group.domain.shape != tuple(s for s in matmul.shape if s != 1):
+def _product_load(group: KernelGroup, node: Node) -> Entry | None:
+    """The group's single element-for-element load of `node`, if it can be an epilogue of it."""
+    if group.domain.is_reduction or group.domain.shape != tuple(s for s in node.shape if s != 1):
         return None
     if any(e.kind not in ("load", "literal", "op", "view", "gen") for e in group.entries):
         return None
-    loads = [e for e in group.loads if e.node.id == matmul.id]
-    if len(loads) != 1 or loads[0].emb != tuple(squeeze_map(matmul.shape)):
+    loads = [e for e in group.loads if e.node.id == node.id]
+    if len(loads) != 1 or loads[0].emb != tuple(squeeze_map(node.shape)):
         return None
     return loads[0]
 

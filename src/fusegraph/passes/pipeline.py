@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 from ..settings import settings
+from .attention_match import attention_match
 from .base import Pass
 from .cse import cse
 from .dce import dce
@@ -18,6 +19,7 @@ from .simplify import simplify
 
 PIPELINE: list[Pass] = [
     simplify,   # algebraic identities, cast/layout chains (may leave dead nodes behind)
+    attention_match,  # matmul -> scale -> (mask) -> softmax -> matmul becomes one attention op
     fold,       # evaluate what is known at build time
     cse,        # merge structurally equal nodes
     dce,        # drop what no output needs

@@ -1,0 +1,180 @@
+"""Kernels of attention nodes: the flash-style Triton kernels (codegen/attention.py), torch's
+cuDNN and FlashAttention SDPA backends as autotuned candidates, and the reference for what none
+covers (fp32, odd head dims: FUSEGRAPH_DEBUG says why). Never an error: a shape or dtype no
+generated kernel covers goes to a library or the reference."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..codegen.attention import (
+    AttentionProblem,
+    attention_backward,
+    attention_configs,
+    attention_forward,
+    attention_supported,
+    default_scale,
+)
+from ..codegen.compile import interpreting
+from ..ir import dtypes
+from ..ir.node import Node
+from ..ir.registry import get_op
+from ..reference import run_node
+from ..runtime.kernel import Kernel
+from ..settings import settings
+from . import cudnn
+
+log = logging.getLogger("fusegraph.backends")
+
+
+def attention_problem(node: Node) -> AttentionProblem:
+    """The problem of a scaled_dot_product_attention or sdpa_backward node."""
+    attrs = node.attrs
+    backward = node.op == "sdpa_backward"
+    q, k, v = node.inputs[1:4] if backward else node.inputs[:3]
+    has_mask = bool(attrs.get("has_mask", False))
+    mask = node.inputs[(5 if backward else 3)] if has_mask else None
+    b, h, hk, sq, sk, d, dv = get_op(node.op).extra["dims"](q.spec, k.spec, v.spec,
+                                                           None if mask is None else mask.spec, attrs)
+    kind = 0 if mask is None else (2 if mask.dtype == "bool" else 1)
+    return AttentionProblem(b, h, hk, sq, sk, d, dv, bool(attrs.get("is_causal", False)), kind,
+                            default_scale(d, attrs.get("scale")), dtypes.to_torch(q.dtype))
+
+
+def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> Kernel:
+    problem = attention_problem(node)
+    backward = node.op == "sdpa_backward"
+    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
+
+    def reference(args: Sequence[torch.Tensor]) -> list[Any]:
+        return [run_node(node, list(args), compute_dtype, args[0].device)]
+
+    kernel = Kernel(name=name, kind="attention", backend="reference", nodes=(node,), inputs=tuple(node.inputs),
+                    outputs=(node,), cost=cost, launch=reference, source=f"# {node.op} via torch reference")
+    why = attention_supported(problem)
+    candidates: dict[str, Any] = {}
+    if why is None:
+        for config in attention_configs(problem):
+            label = "triton:" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+            candidates[label] = (_triton_backward if backward else _triton_forward)(node, problem, config)
+    if device.startswith("cuda") and not node.attrs.get("return_lse", False):
+        for backend in cudnn.SDPA_BACKENDS:
+            candidates[f"torch:{backend}"] = (_torch_backward if backward else _torch_forward)(node, problem, backend)
+    runnable = device.startswith("cuda") or (interpreting() and settings.use_triton)
+    if not candidates or not runnable:
+        kernel.note = why or "planned as Triton attention; runs through the reference on this device"
+        if why is not None:
+            _debug(name, f"reference attention: {why}")
+        if why is None and candidates:
+            kernel.backend, kernel.source = "triton", _triton_source(backward)
+        return kernel
+    label = _choose(name, node, problem, candidates, device)
+    kernel.launch = candidates[label]
+    kernel.config = {"candidate": label}
+    if label.startswith("triton"):
+        kernel.backend, kernel.source = "triton", _triton_source(backward)
+    else:
+        kernel.backend = "cudnn" if label.endswith("cudnn") else "torch"
+        kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {label.split(':')[1]} backend"
+        if why is not None:
+            kernel.note = f"no Triton kernel: {why}"
+    return kernel
+
+
+def _triton_source(backward: bool) -> str:
+    from ..codegen.attention import BACKWARD_SOURCE, FORWARD_SOURCE
+
+    return BACKWARD_SOURCE if backward else FORWARD_SOURCE
+
+
+def _triton_forward(node: Node, p: AttentionProblem, config: dict[str, Any]) -> Any:
+    with_lse = bool(node.attrs.get("return_lse", False))
+
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        mask = args[3] if p.mask_kind else None
+        out, lse = attention_forward(args[0], args[1], args[2], mask, p, config)
+        return [(out, lse)] if with_lse else [out]
+
+    return launch
+
+
+def _triton_backward(node: Node, p: AttentionProblem, config: dict[str, Any]) -> Any:
+    has_lse = bool(node.attrs.get("has_lse", False))
+
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        grad_out, q, k, v, out = args[:5]
+        mask = args[5] if p.mask_kind else None
+        if has_lse:
+            lse = args[5 + (p.mask_kind != 0)]
+        else:  # recompute the statistics the backward needs
+            out, lse = attention_forward(q, k, v, mask, p, config)
+        return [attention_backward(grad_out, q, k, v, out, lse, mask, p, config)]
+
+    return launch
+
+
+def _torch_forward(node: Node, p: AttentionProblem, backend: str) -> Any:
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        mask = args[3] if p.mask_kind else None
+        return [cudnn.torch_sdpa(args[0], args[1], args[2], mask, p.causal, p.scale, backend)]
+
+    return launch
+
+
+def _torch_backward(node: Node, p: AttentionProblem, backend: str) -> Any:
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        mask = args[5] if p.mask_kind else None
+        return [cudnn.torch_sdpa_backward(args[0], args[1], args[2], args[3], mask, p.causal, p.scale, backend)]
+
+    return launch
+
+
+def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, Any], device: str) -> str:
+    """The fastest candidate that runs and matches the reference on example data (first without a GPU)."""
+    labels = list(candidates)
+    if not device.startswith("cuda"):
+        return labels[0]
+    from ..tune import Config, autotune, bench_ms
+
+    args = _example_inputs(node, device)
+    working = []
+    for label in labels:
+        try:
+            candidates[label](args)
+            working.append(label)
+        except Exception as err:  # a backend that does not take this problem is not a candidate
+            _debug(name, f"{label} does not run: {type(err).__name__}: {str(err)[:200]}")
+    if not working:
+        return labels[0]
+
+    def bench(config: Config) -> float:
+        launch = candidates[str(config["candidate"])]
+        return bench_ms(lambda: launch(args))
+
+    key = {"problem": repr(p), "op": node.op, "attrs": repr(sorted(node.attrs.items())), "torch": torch.__version__}
+    chosen = autotune(name, key, [Config(candidate=label) for label in working], bench)
+    return str(chosen["candidate"])
+
+
+def _example_inputs(node: Node, device: str) -> list[torch.Tensor]:
+    out = []
+    for n in node.inputs:
+        dt = dtypes.to_torch(n.dtype)
+        if dt == torch.bool:
+            t = torch.ones(n.shape, dtype=torch.bool, device=device)
+        elif n.dtype == "float32" and len(n.shape) == 3:  # lse
+            t = torch.zeros(n.shape, dtype=dt, device=device)
+        else:
+            t = torch.randn(n.shape, device=device).to(dt)
+        out.append(t)
+    return out
+
+
+def _debug(name: str, why: str) -> None:
+    if settings.debug >= 1:
+        print(f"[fusegraph] {name}: {why}")
+    log.debug("%s: %s", name, why)

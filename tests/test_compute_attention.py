@@ -1,0 +1,133 @@
+"""Attention: the flash-style Triton kernels (forward with lse, backward) against the reference
+under the interpreter (fp16), causal / additive / boolean masks / GQA, through build(); the
+unfused pattern rewritten to one attention op; what no Triton kernel covers runs elsewhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close
+from fusegraph.codegen.attention import AttentionProblem, attention_backward, attention_configs, attention_forward
+from fusegraph.ops.attention import _sdpa_bwd_math, _sdpa_math
+from fusegraph.passes.attention_match import attention_match
+
+F16 = torch.float16
+CASES = [  # B, H, Hk, Sq, Sk, D, causal, mask kind (0 none, 1 additive, 2 bool)
+    (1, 2, 2, 20, 20, 16, False, 0),
+    (2, 4, 2, 33, 17, 32, True, 0),
+    (1, 2, 1, 24, 40, 16, False, 1),
+    (1, 2, 2, 24, 40, 16, False, 2),
+    (1, 2, 2, 40, 24, 16, True, 0),
+]
+
+
+def _inputs(b: int, h: int, hk: int, sq: int, sk: int, d: int, kind: int) -> list[torch.Tensor]:
+    q = torch.randn(b, h, sq, d, dtype=F16)
+    k, v = torch.randn(b, hk, sk, d, dtype=F16), torch.randn(b, hk, sk, d, dtype=F16)
+    if kind == 1:
+        return [q, k, v, torch.randn(1, 1, sq, sk, dtype=F16)]
+    if kind == 2:
+        mask = torch.rand(b, 1, sq, sk) > 0.3
+        mask[0, 0, 3] = False  # a query row that sees no key: out 0, lse -inf
+        return [q, k, v, mask]
+    return [q, k, v]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_triton_attention_forward_and_backward_match_reference(case: tuple) -> None:
+    b, h, hk, sq, sk, d, causal, kind = case
+    xs = _inputs(b, h, hk, sq, sk, d, kind)
+    mask = xs[3] if kind else None
+    p = AttentionProblem(b, h, hk, sq, sk, d, d, causal, kind, 1 / math.sqrt(d), F16)
+    out, lse = attention_forward(*xs[:3], mask, p, attention_configs(p)[0])
+    attrs = {"is_causal": causal, "has_mask": kind != 0, "return_lse": True, "enable_gqa": True}
+    ref_out, ref_lse = _sdpa_math(xs, attrs)
+    assert_close(out, ref_out, what="out")
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert_close(lse[fin], ref_lse[fin], tol=1e-5, what="lse")
+    grad = torch.randn_like(out)
+    got = attention_backward(grad, *xs[:3], out, lse, mask, p, {})
+    want = _sdpa_bwd_math([grad, *xs[:3], out] + ([mask] if kind else []), attrs)
+    for name, g_, w_ in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert g_.shape == w_.shape
+        assert_close(g_, w_.to(F16), what=name)
+
+
+def test_attention_graph_forward_with_lse_and_backward_through_build() -> None:
+    g = fg.Graph(name="sdpa", compute_dtype="float32")
+    q = g.tensor((1, 4, 24, 32), dtype="float16", name="q")
+    k = g.tensor((1, 2, 24, 32), dtype="float16", name="k")
+    v = g.tensor((1, 2, 24, 32), dtype="float16", name="v")
+    do = g.tensor((1, 4, 24, 32), dtype="float16", name="do")
+    out, lse = g.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, return_lse=True)
+    dq, dk, dv = g.sdpa_backward(do, q, k, v, out, lse, is_causal=True, enable_gqa=True)
+    for t in (out, dq, dk, dv):
+        t.set_output()
+    plan = g.build(device="cpu")
+    kinds = [(k_.kind, k_.backend) for k_ in plan.kernels if k_.kind == "attention"]
+    assert kinds == [("attention", "triton"), ("attention", "triton")]
+    xs = {q: torch.randn(1, 4, 24, 32, dtype=F16), k: torch.randn(1, 2, 24, 32, dtype=F16),
+          v: torch.randn(1, 2, 24, 32, dtype=F16), do: torch.randn(1, 4, 24, 32, dtype=F16)}
+    got, ref = plan.execute(xs), fg.reference(g).execute(xs)
+    for t in (out, dq, dk, dv):
+        assert_close(got[t], ref[t], what=t.name)
+
+
+def test_fp32_attention_goes_to_the_reference_with_a_reason() -> None:
+    g = fg.Graph(name="fp32")
+    q = g.tensor((1, 1, 8, 24), dtype="float32", name="q")
+    y = g.scaled_dot_product_attention(q, q, q)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (kernel,) = plan.kernels
+    assert kernel.backend == "reference" and "float32" in kernel.note
+    x = torch.randn(1, 1, 8, 24)
+    assert_close(plan(x), torch.nn.functional.scaled_dot_product_attention(x, x, x))
+
+
+def _unfused(variant: str) -> tuple[fg.Graph, list, object]:
+    g = fg.Graph(name="attn", compute_dtype="float32")
+    q = g.tensor((1, 2, 24, 16), dtype="float16", name="q")
+    k = g.tensor((1, 2, 40, 16), dtype="float16", name="k")
+    v = g.tensor((1, 2, 40, 16), dtype="float16", name="v")
+    m = g.tensor((1, 1, 24, 40), dtype="float16", name="m")
+    if variant == "scale_q":
+        s = g.matmul(g.mul(q, 0.25), g.transpose(k, -2, -1))
+    else:
+        s = g.matmul(q, g.transpose(k, -2, -1))
+        s = g.div(s, math.sqrt(16)) if variant == "div_sqrt" else g.mul(s, 0.25)
+    if variant == "mask":
+        s = g.add(s, m)
+    y = g.matmul(g.softmax(s, -1), v)
+    y.set_output()
+    return g, [q, k, v, m], y
+
+
+@pytest.mark.parametrize("variant", ["mul_after", "div_sqrt", "scale_q", "mask"])
+def test_unfused_attention_becomes_one_attention_op(variant: str) -> None:
+    g, ins, y = _unfused(variant)
+    plan = g.build(device="cpu")
+    assert [(k.kind, k.ops) for k in plan.kernels] == [("attention", ["scaled_dot_product_attention"])]
+    node = plan.kernels[0].nodes[0]
+    assert node.attrs["scale"] == pytest.approx(0.25) and node.attrs["has_mask"] == (variant == "mask")
+    xs = [torch.randn(*t.shape, dtype=F16) for t in ins]
+    got = plan.execute(dict(zip(ins, xs, strict=True)))[y]
+    ref = fg.reference(g).execute(dict(zip(ins, xs, strict=True)))[y]
+    assert_close(got, ref, what=variant)
+
+
+def test_attention_match_leaves_probabilities_that_are_used_elsewhere() -> None:
+    g = fg.Graph(name="keep")
+    q = g.tensor((1, 2, 8, 16), dtype="float16", name="q")
+    probs = g.softmax(g.mul(g.matmul(q, q, transpose_b=True), 0.25), -1)
+    y = g.matmul(probs, q)
+    y.set_output()
+    probs.set_output()
+    rewritten = attention_match(g.to_ir())
+    assert "scaled_dot_product_attention" not in [n.op for n in rewritten.nodes]
+    assert "softmax" in [n.op for n in rewritten.nodes]

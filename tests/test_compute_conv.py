@@ -1,0 +1,71 @@
+"""Convolution: conv + batchnorm (inference) + relu is one convolution kernel with the
+batchnorm affine and relu as its fused epilogue, no layout transposes, numerics vs the reference;
+NHWC inputs stay NHWC; convolution gradients against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close
+
+LAYOUT_OPS = {"permute", "transpose", "contiguous", "copy"}
+
+
+def _conv_bn_relu(layout: str | None) -> tuple[fg.Graph, list, object]:
+    g = fg.Graph(name="cbr", compute_dtype="float32")
+    x = g.tensor((2, 8, 10, 10), dtype="float16", name="x", **({"layout": layout} if layout else {}))
+    w = g.tensor((16, 8, 3, 3), dtype="float16", name="w")
+    rm, rv = g.tensor((16,), dtype="float32", name="rm"), g.tensor((16,), dtype="float32", name="rv")
+    gw, gb = g.tensor((16,), dtype="float16", name="gw"), g.tensor((16,), dtype="float16", name="gb")
+    bn = g.batch_norm(g.conv2d(x, w, padding=1), rm, rv, weight=gw, bias=gb, training=False)
+    y = g.relu(bn)
+    y.set_output()
+    return g, [x, w, rm, rv, gw, gb], y
+
+
+def _feeds(layout: str | None) -> list[torch.Tensor]:
+    x = torch.randn(2, 8, 10, 10, dtype=torch.float16)
+    if layout == "NHWC":
+        x = x.contiguous(memory_format=torch.channels_last)
+    return [x, torch.randn(16, 8, 3, 3, dtype=torch.float16), torch.randn(16), torch.rand(16) + 0.5,
+            torch.randn(16, dtype=torch.float16), torch.randn(16, dtype=torch.float16)]
+
+
+@pytest.mark.parametrize("layout", [None, "NHWC"])
+def test_conv_batchnorm_relu_inference_is_one_conv_with_fused_epilogue(layout: str | None) -> None:
+    g, ins, y = _conv_bn_relu(layout)
+    plan = g.build(device="cpu")
+    assert len(plan.kernels) == 1
+    (kernel,) = plan.kernels
+    assert kernel.kind == "convolution" and kernel.ops[0] == "conv2d" and kernel.ops[-1] == "relu"
+    assert not LAYOUT_OPS & set(kernel.ops)
+    assert not LAYOUT_OPS & {n.op for n in plan.graph.nodes}
+    assert "epilogue kernel (triton)" in kernel.source
+    xs = _feeds(layout)
+    got = plan.execute(dict(zip(ins, xs, strict=True)))[y]
+    ref = fg.reference(g).execute(dict(zip(ins, xs, strict=True)))[y]
+    assert_close(got, ref, what="conv+bn+relu")
+    if layout == "NHWC":
+        assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv_gradients_match_reference() -> None:
+    g = fg.Graph(name="convgrad", compute_dtype="float32")
+    x = g.tensor((2, 4, 7, 7), dtype="float32", name="x")
+    w = g.tensor((6, 4, 3, 3), dtype="float32", name="w")
+    dy = g.tensor((2, 6, 4, 4), dtype="float32", name="dy")
+    dx = g.conv2d_backward_input(dy, w, (2, 4, 7, 7), stride=2, padding=1)
+    dw = g.conv2d_backward_weight(x, dy, (6, 4, 3, 3), stride=2, padding=1)
+    dx.set_output()
+    dw.set_output()
+    plan = g.build(device="cpu")
+    assert [k.kind for k in plan.kernels] == ["convolution", "convolution"]
+    xt, wt = torch.randn(2, 4, 7, 7, requires_grad=True), torch.randn(6, 4, 3, 3, requires_grad=True)
+    out = torch.nn.functional.conv2d(xt, wt, stride=2, padding=1)
+    dyt = torch.randn_like(out)
+    out.backward(dyt)
+    got = plan.execute({x: xt.detach(), w: wt.detach(), dy: dyt})
+    assert_close(got[dx], xt.grad, what="dx")
+    assert_close(got[dw], wt.grad, tol=1e-5, what="dw")
