@@ -37,13 +37,16 @@ def _inputs(b: int, h: int, hk: int, sq: int, sk: int, d: int, kind: int) -> lis
     return [q, k, v]
 
 
+@pytest.mark.parametrize("tiles", ["default", "16x16"])
 @pytest.mark.parametrize("case", CASES)
-def test_triton_attention_forward_and_backward_match_reference(case: tuple) -> None:
+def test_triton_attention_forward_and_backward_match_reference(case: tuple, tiles: str) -> None:
     b, h, hk, sq, sk, d, causal, kind = case
     xs = _inputs(b, h, hk, sq, sk, d, kind)
     mask = xs[3] if kind else None
     p = AttentionProblem(b, h, hk, sq, sk, d, d, causal, kind, 1 / math.sqrt(d), F16)
-    out, lse = attention_forward(*xs[:3], mask, p, attention_configs(p)[0])
+    # 16x16 tiles: several key blocks per row, so the unmasked interior loop runs too
+    config = attention_configs(p)[0] if tiles == "default" else {"BLOCK_M": 16, "BLOCK_N": 16}
+    out, lse = attention_forward(*xs[:3], mask, p, config)
     attrs = {"is_causal": causal, "has_mask": kind != 0, "return_lse": True, "enable_gqa": True}
     ref_out, ref_lse = _sdpa_math(xs, attrs)
     assert_close(out, ref_out, what="out")
@@ -51,7 +54,8 @@ def test_triton_attention_forward_and_backward_match_reference(case: tuple) -> N
     fin = torch.isfinite(ref_lse)
     assert_close(lse[fin], ref_lse[fin], tol=1e-5, what="lse")
     grad = torch.randn_like(out)
-    got = attention_backward(grad, *xs[:3], out, lse, mask, p, {})
+    got = attention_backward(grad, *xs[:3], out, lse, mask, p, {} if tiles == "default" else
+                             {"BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16})
     want = _sdpa_bwd_math([grad, *xs[:3], out] + ([mask] if kind else []), attrs)
     for name, g_, w_ in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert g_.shape == w_.shape

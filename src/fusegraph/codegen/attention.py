@@ -32,19 +32,48 @@ import triton.language as tl
 
 @triton.jit
 def _scores(q, K, kb, offs_n, offs_d, offs_m, skn, skd, SQ, SK, Mask, mb, smm, smn, scale_log2,
-            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    k = tl.load(K + kb + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=offs_n[None, :] < SK, other=0.0)
+            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, EDGE: tl.constexpr):
+    # EDGE: the block may cross the causal diagonal or the end of the keys (masks needed)
+    if EDGE:
+        k = tl.load(K + kb + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=offs_n[None, :] < SK, other=0.0)
+    else:
+        k = tl.load(K + kb + offs_n[None, :] * skn + offs_d[:, None] * skd)
     s = tl.dot(q, k) * scale_log2
-    valid = (offs_n[None, :] < SK) & (offs_m[:, None] < SQ)
-    if CAUSAL:
-        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    if EDGE:
+        valid = (offs_n[None, :] < SK) & (offs_m[:, None] < SQ)
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    else:
+        valid = (offs_m[:, None] < SQ) & (offs_n[None, :] >= 0)
     if MASK_KIND == 1:
         add = tl.load(Mask + mb + offs_m[:, None] * smm + offs_n[None, :] * smn, mask=valid, other=0.0)
         s = s + add.to(tl.float32) * 1.4426950408889634
     if MASK_KIND == 2:
         keep = tl.load(Mask + mb + offs_m[:, None] * smm + offs_n[None, :] * smn, mask=valid, other=0)
         valid = valid & (keep != 0)
-    return tl.where(valid, s, float("-inf")), k
+    if EDGE or MASK_KIND != 0:
+        s = tl.where(valid, s, float("-inf"))
+    return s, k
+
+
+@triton.jit
+def _forward_block(acc, m_i, l_i, q, K, V, kb, vb, start_n, offs_d, offs_dv, offs_m, skn, skd, svn, svd, SQ, SK,
+                   Mask, mb, smm, smn, scale_log2, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   MASK_KIND: tl.constexpr, EDGE: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    s, k = _scores(q, K, kb, offs_n, offs_d, offs_m, skn, skd, SQ, SK, Mask, mb, smm, smn, scale_log2,
+                   CAUSAL, MASK_KIND, EDGE)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if EDGE:
+        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=offs_n[:, None] < SK, other=0.0)
+    else:
+        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
 '''
 
 FORWARD_SOURCE = _COMMON + '''
@@ -73,21 +102,20 @@ def attention_fwd(Q, K, V, Mask, Out, Lse,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
+    # keys every query of the block sees (no masks), then the blocks on the diagonal / the tail
+    full = (SK // BLOCK_N) * BLOCK_N
     hi = SK
     if CAUSAL:
+        full = tl.minimum(full, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
         hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, k = _scores(q, K, kb, offs_n, offs_d, offs_m, skn, skd, SQ, SK, Mask, mb, smm, smn, scale_log2,
-                       CAUSAL, MASK_KIND)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=offs_n[:, None] < SK, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    for start_n in range(0, full, BLOCK_N):
+        acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, K, V, kb, vb, start_n, offs_d, offs_dv, offs_m, skn, skd,
+                                       svn, svd, SQ, SK, Mask, mb, smm, smn, scale_log2, BLOCK_N, CAUSAL,
+                                       MASK_KIND, False)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, K, V, kb, vb, start_n, offs_d, offs_dv, offs_m, skn, skd,
+                                       svn, svd, SQ, SK, Mask, mb, smm, smn, scale_log2, BLOCK_N, CAUSAL,
+                                       MASK_KIND, True)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              out.to(Out.dtype.element_ty), mask=row_ok[:, None])
@@ -101,7 +129,7 @@ BACKWARD_SOURCE = _COMMON + '''
 def _probs(q, K, kb, offs_n, offs_d, offs_m, skn, skd, SQ, SK, Mask, mb, smm, smn, scale_log2, lse2,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
     s, k = _scores(q, K, kb, offs_n, offs_d, offs_m, skn, skd, SQ, SK, Mask, mb, smm, smn, scale_log2,
-                   CAUSAL, MASK_KIND)
+                   CAUSAL, MASK_KIND, True)
     return tl.math.exp2(s - lse2[:, None]), k
 
 
