@@ -180,12 +180,21 @@ def test_long_column_reductions_split_in_two_stages(dtype: torch.dtype) -> None:
     _run(g, [rand(1000, 5, dtype=dtype)])
 
 
-def test_layernorm_backward_with_split_column_sums() -> None:
-    g = fg.Graph("ln_bwd_split")
+def test_layernorm_backward_in_one_pass_with_column_partials() -> None:
+    g = fg.Graph("ln_bwd_one_pass")
     feeds = _layernorm_backward(g, 600, 24, torch.float32)
     plan = g.build()
-    assert len(plan.kernels) == 2 and "_finish" in plan.kernels[1].source
+    assert len(plan.kernels) == 1 and "_finish" in plan.kernels[0].source
+    assert "for r0 in range(0, RPP, ROWS)" in plan.kernels[0].source
     _run(g, feeds)
+
+
+def test_layernorm_backward_too_wide_for_one_pass_splits_columns() -> None:
+    g = fg.Graph("ln_bwd_two_kernels")
+    feeds = _layernorm_backward(g, 24, 40, torch.float32)
+    plan = g.build(max_row_block=16)
+    assert len(plan.kernels) == 2 and "for c0 in range" in plan.kernels[0].source
+    _run(g, feeds, max_row_block=16)
 
 
 def test_long_full_reduction_and_non_finite_literals() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from .codegen.compile import interpreting, load_triton_function
-from .codegen.configs import candidate_configs, launch_parameters
+from .codegen.configs import MAX_ROW_BLOCK, candidate_configs, launch_parameters
 from .codegen.triton_gen import generate
-from .fusion.partition import KernelGroup, is_literal, partition_graph
+from .fusion.partition import KernelGroup, RowColumnGroup, is_literal, partition_graph
 from .ir import dtypes
 from .ir.graph import Graph
 from .ir.node import Node
@@ -76,6 +76,9 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
         elif isinstance(item, Node):
             kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
                            or node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
+        elif isinstance(item, RowColumnGroup):
+            kernels.extend(row_column_kernels(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device,
+                                              options))
         else:
             kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
     return kernels
@@ -109,14 +112,29 @@ def reference_launch(group: KernelGroup, compute_dtype: str) -> Any:
     return launch
 
 
+def row_column_kernels(pair: RowColumnGroup, name: str, compute_dtype: str, device: str,
+                       options: dict[str, Any]) -> list[Kernel]:
+    """The paired row + column reductions as one pass, or as two kernels when not eligible."""
+    from .codegen.row_column import NotEligible, RowColumnWriter
+
+    max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
+    try:
+        gen = RowColumnWriter(pair, name).write_pair(max_block)
+    except NotEligible:
+        assert pair.row is not None and pair.separate is not None
+        return [fused_kernel(pair.row, name, compute_dtype, device, options),
+                fused_kernel(pair.separate, name + "_cols", compute_dtype, device, options)]
+    return [fused_kernel(pair, name, compute_dtype, device, options, generated=gen)]
+
+
 def fused_kernel(group: KernelGroup, name: str, compute_dtype: str, device: str,
-                 options: dict[str, Any]) -> Kernel:
+                 options: dict[str, Any], generated: Any = None) -> Kernel:
     cost = group_cost(group)
     kernel = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
                     inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=cost,
                     launch=reference_launch(group, compute_dtype))
     try:
-        gen = generate(group, name)
+        gen = generated if generated is not None else generate(group, name)
     except Exception as err:  # codegen must never take the plan down
         return _fallback(kernel, f"code generation failed: {type(err).__name__}: {err}")
     kernel.source = gen.source
@@ -168,6 +186,7 @@ def _fallback(kernel: Kernel, why: str) -> Kernel:
 def _launcher(fns: list[Any], gen: Any, config: dict[str, Any], device: str, fast: bool) -> TritonLaunch:
     grids, constexprs, num_warps = launch_parameters(gen, config)
     workspaces = [(int(config["SPLITS"]), gen.extent)] * gen.workspaces if gen.workspaces else []
+    # (row-column pairs: extent = columns, so the partials are [programs, columns])
     return TritonLaunch(list(zip(fns, grids, strict=True)), constexprs, num_warps, gen.outputs, device,
                         fast=fast, workspaces=workspaces)
 

@@ -6,6 +6,7 @@ the epilogue. One kernel per column block would leave most of the GPU idle."""
 
 from __future__ import annotations
 
+from ..fusion.partition import Domain, Entry
 from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, _ReductionWriter
 
 FILL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
@@ -62,29 +63,41 @@ class ColumnSplitWriter(_ReductionWriter):
                       f"tl.{combine[e.key]}(acc_{e.key}, axis=0, keep_dims=True), mask=rmask)")
         partial = self.lines
 
-        # stage 2: reduce the partials of each column, then the per-column epilogue
-        self.lines = [f"@triton.jit\ndef {self.name}_finish({signature}):"]
+        finish = self.finish_lines(f"{self.name}_finish", signature, self.domain, self.group.entries,
+                                   self.group.stores, reduces, workspaces, "ROWS")
+        source = self.module([*partial, "", "", "", *finish])
+        return GeneratedKernel(self.name, source, "reduction", self.inputs, self.outputs, extent=rows,
+                               reduced_extent=cols, column=True, finish_name=f"{self.name}_finish",
+                               workspaces=len(reduces))
+
+
+    def finish_lines(self, name: str, signature: str, domain: Domain, entries: list[Entry], stores: list[Entry],
+                     reduces: list[Entry], workspaces: list[str], tile: str) -> list[str]:
+        """The finish kernel: reduce each column's partials ws[split, column] in split order,
+        then the per-column epilogue and stores. `tile` names the constexpr of the column tile."""
+        rows = domain.kept_numel
+        self.lines = [f"@triton.jit\ndef {name}({signature}):"]
         self.expr = {}
-        self.emit(f"rows = tl.program_id(0){pid} * ROWS + tl.arange(0, ROWS)[None, :]")
+        self.zero_index = "rows * 0"
+        pid = ".to(tl.int64)" if self.wide else ""
+        self.emit(f"rows = tl.program_id(0){pid} * {tile} + tl.arange(0, {tile})[None, :]")
         self.emit(f"rmask = rows < {rows}")
+        kept_lines, dimvar = _index_vars(domain.shape, domain.kept, "rows", "k")
         for line in kept_lines:
             self.emit(line)
         self.emit("split = tl.arange(0, SPLITS_P2)[:, None]")
         self.emit("smask = rmask & (split < SPLITS)")
         for e, ws in zip(reduces, workspaces, strict=True):
-            c = combine[e.key]
+            c = _combine_of(e)
             self.emit(f"{e.key} = tl.{c}(tl.load({ws} + split * {rows} + rows, mask=smask, other={FILL[c]}), "
                       "axis=0, keep_dims=True)")
             self.expr[e.key] = e.key
-        for e in self.group.entries:
+        for e in entries:
             if not e.full and e.kind != "reduce":
                 self.value(e, "rmask", dimvar, 1)
-        for e in self.group.stores:
+        for e in stores:
             self.store(e, "rmask", dimvar, 1)
-        source = self.module([*partial, "", "", "", *self.lines])
-        return GeneratedKernel(self.name, source, "reduction", self.inputs, self.outputs, extent=rows,
-                               reduced_extent=cols, column=True, finish_name=f"{self.name}_finish",
-                               workspaces=len(reduces))
+        return self.lines
 
 
 def _combine_of(e: object) -> str:

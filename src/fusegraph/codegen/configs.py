@@ -32,6 +32,8 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
         return out
     max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
     rows, cols = gen.extent, gen.reduced_extent
+    if gen.meta.get("row_column"):
+        return _row_column_configs(gen.meta["rows"], gen.meta["cols"])
     if gen.finish_name:
         return [_split_config(rows, cols, kept, red, warps)
                 for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
@@ -69,6 +71,19 @@ def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict
             "num_warps": warps}
 
 
+def _row_column_configs(rows: int, cols: int) -> list[dict[str, Any]]:
+    whole = next_pow2(cols)
+    step = max(1, min(next_pow2(rows), 2048 // whole, 64))
+    warps = max(1, min(16, whole * step // 512))
+    out = []
+    for programs in (TARGET_PROGRAMS // 2, TARGET_PROGRAMS, TARGET_PROGRAMS // 4):
+        per_program = max(step, next_pow2(_cdiv(rows, programs)))
+        splits = _cdiv(rows, per_program)
+        out.append({"ROWS": step, "BLOCK_C": whole, "RPP": per_program, "SPLITS": splits,
+                    "SPLITS_P2": next_pow2(splits), "FROWS": min(whole, 64), "num_warps": warps})
+    return out
+
+
 def launch_parameters(gen: GeneratedKernel,
                       config: dict[str, Any]) -> tuple[list[tuple[int, ...]], dict[str, Any], int]:
     """(grid of each launch, constexprs in signature order, num_warps) for one config."""
@@ -76,6 +91,9 @@ def launch_parameters(gen: GeneratedKernel,
     if gen.kind == "pointwise":
         block = int(config["BLOCK"])
         return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block}, warps
+    if gen.meta.get("row_column"):
+        consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS")}
+        return [(consts["SPLITS"],), (_cdiv(gen.extent, consts["FROWS"]),)], consts, warps
     rows, block_c = int(config["ROWS"]), int(config["BLOCK_C"])
     blocks = max(1, _cdiv(gen.extent, rows))
     if gen.finish_name:

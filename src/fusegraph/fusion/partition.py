@@ -99,6 +99,18 @@ class KernelGroup:
 
 
 @dataclass
+class RowColumnGroup(KernelGroup):
+    """A row reduction and a column reduction over the same space in one pass: each program owns
+    a block of rows, runs the row kernel on them and accumulates the column reduction's partials
+    over its rows (layernorm backward's dx with dw/db); a finish kernel reduces the partials.
+    `col` has its entries renamed apart from `row`'s; `separate` is the unpaired column group."""
+
+    row: KernelGroup | None = None
+    col: KernelGroup | None = None
+    separate: KernelGroup | None = None
+
+
+@dataclass
 class Partition:
     """The kernels of a graph in launch order; `library` groups hold one unfusable node each."""
 
@@ -324,6 +336,8 @@ def partition_graph(graph: Graph) -> Partition:
     _merge_same_domain(groups, group_of, boundary, ancestors)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
+    external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
+    groups = _pair_rows_with_columns(groups, ancestors, external)
     return Partition(_schedule(groups, library, graph))
 
 
@@ -395,6 +409,50 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
         return group
     return None
+
+
+def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int],
+                            external: set[int]) -> list[KernelGroup]:
+    """Pair a column reduction with the row reduction over the same space whose values it reads
+    (see RowColumnGroup): the column kernel's second pass over the data disappears."""
+    import dataclasses
+
+    bits = _bits(ancestors)
+    out = list(groups)
+    for col in groups:
+        if col not in out or not col.domain.is_reduction:
+            continue
+        if any(e.stage > 1 for e in col.entries) or any(e.full for e in col.stores):
+            continue
+        for row in out:
+            if row is col or isinstance(row, RowColumnGroup) or row.domain.shape != col.domain.shape:
+                continue
+            if set(row.domain.reduced) != set(col.domain.kept) or set(row.domain.kept) != set(col.domain.reduced):
+                continue
+            computed = {(e.node.id, e.emb) for e in row.entries if e.kind != "load"}
+            row_nodes = {e.node.id for e in row.entries if e.kind != "load"}
+            if any(e.node.id in row_nodes and (e.node.id, e.emb) not in computed for e in col.loads):
+                continue
+            if not any(e.node.id in row_nodes for e in col.loads):
+                continue
+            rename = {e.key: "c" + e.key for e in col.entries}
+            entries = [dataclasses.replace(e, key=rename[e.key], args=tuple(rename[a] for a in e.args))
+                       for e in col.entries]
+            by_key = {e.key: e for e in entries}
+            stores = [by_key[rename[e.key]] for e in col.stores]
+            loads = [e for e in entries if e.kind == "load"]
+            renamed = KernelGroup(col.domain, col.anchors, entries, stores, loads)
+            others = external | {e.node.id for g in out if g is not row and g is not col for e in g.loads}
+            row_stores = [e for e in row.stores if e.node.id in others]   # the rest stays in registers
+            pair = RowColumnGroup(row.domain, row.anchors + col.anchors, row.entries + entries, row_stores + stores,
+                                  row.loads + [e for e in loads if e.node.id not in row_nodes],
+                                  row=row, col=renamed, separate=col)
+            if _cyclic(pair, ancestors, bits):
+                continue
+            out[out.index(row)] = pair
+            out.remove(col)
+            break
+    return out
 
 
 def _bits(ancestors: dict[int, int]) -> dict[int, int]:

@@ -1,0 +1,87 @@
+"""One pass for a row reduction and a column reduction over the same space (RowColumnGroup).
+
+Each program owns RPP rows and walks them ROWS at a time with the whole row in registers: it runs
+the row kernel (e.g. layernorm backward's statistics and dx) and, on the same tiles, accumulates
+the column reduction's operands (g * xhat, g) over its rows. The per-program column partials go
+to a fp32 workspace [SPLITS, columns]; the finish kernel reduces them in program order
+(deterministic) and runs the column epilogue. The data is read once instead of twice."""
+
+from __future__ import annotations
+
+from ..fusion.partition import Entry, RowColumnGroup
+from .column_split import FILL, ColumnSplitWriter, _combine_of
+from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars
+
+CONSTEXPRS = ["ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS"]
+
+
+class NotEligible(Exception):
+    """The pair cannot run as one pass (row too wide for registers, column-major data, ...)."""
+
+
+class RowColumnWriter(ColumnSplitWriter):
+    def write_pair(self, max_block: int) -> GeneratedKernel:
+        pair = self.group
+        assert isinstance(pair, RowColumnGroup) and pair.row is not None and pair.col is not None
+        row, col = pair.row, pair.col
+        dom = row.domain
+        rows, cols = dom.kept_numel, dom.reduced_numel
+        if self._is_column() or self.wide or 1 << max(cols - 1, 0).bit_length() > max_block:
+            raise NotEligible("the row does not fit in registers as a contiguous tile")
+        reduces = [e for e in col.entries if e.kind == "reduce"]
+        workspaces = [f"ws{k}" for k in range(len(reduces))]
+        args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values()) + workspaces
+        signature = ", ".join(args + [f"{c}: tl.constexpr" for c in CONSTEXPRS])
+        computed = {(e.node.id, e.emb): e.key for e in row.entries if e.kind != "load"}
+        self.zero_index = "rows * 0"
+
+        self.lines = [f"@triton.jit\ndef {self.name}({signature}):"]
+        kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
+        red_lines, red_vars = _index_vars(dom.shape, dom.reduced, "cols", "j")
+        dimvar.update(red_vars)
+        self.emit("cols = tl.arange(0, BLOCK_C)[None, :]")
+        self.emit(f"cmask = cols < {cols}")
+        for line in red_lines:
+            self.emit(line)
+        for e in reduces:
+            self.emit(f"acc_{e.key} = tl.full([ROWS, BLOCK_C], {FILL[_combine_of(e)]}, tl.float32)")
+        self.emit("for r0 in range(0, RPP, ROWS):")
+        self.emit("rows = tl.program_id(0) * RPP + r0 + tl.arange(0, ROWS)[:, None]", 2)
+        self.emit(f"rmask = rows < {rows}", 2)
+        self.emit("mask = rmask & cmask", 2)
+        for line in kept_lines:
+            self.emit(line, 2)
+        for e in row.entries:
+            if e.kind == "reduce":
+                self._reduce_single(e, 1)
+            else:
+                self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+        for e in row.stores:
+            if e.key in self.out_ptr:   # stores only the col kernel read stay in registers
+                self.store(e, "mask" if e.full else "rmask", dimvar, 2)
+        needed = _full_ancestors(reduces, {e.key: e for e in col.entries})
+        for e in col.entries:
+            if e.kind == "load" and (e.node.id, e.emb) in computed:
+                self.expr[e.key] = self.expr[computed[(e.node.id, e.emb)]]   # in registers already
+            elif e.key in needed or (e.kind != "reduce" and e.stage == 0 and not e.full):
+                self.value(e, "mask", dimvar, 2)
+        for e in reduces:
+            self._accumulate(e)
+        for e, ws in zip(reduces, workspaces, strict=True):
+            self.emit(f"tl.store({ws} + tl.program_id(0) * {cols} + cols, "
+                      f"tl.{_combine_of(e)}(acc_{e.key}, axis=0, keep_dims=True), mask=cmask)")
+        partial = self.lines
+        finish = self.finish_lines(f"{self.name}_finish", signature, col.domain, col.entries, col.stores,
+                                   reduces, workspaces, "FROWS")
+        return GeneratedKernel(self.name, self.module([*partial, "", "", "", *finish]), "reduction", self.inputs,
+                               self.outputs, extent=cols, reduced_extent=rows, finish_name=f"{self.name}_finish",
+                               workspaces=len(reduces), meta={"row_column": True, "rows": rows, "cols": cols})
+
+    def _accumulate(self, e: Entry) -> None:
+        combine = _combine_of(e)
+        masked = f"tl.where(mask, {self.expr[e.args[0]]}, {FILL[combine]})"
+        if combine == "sum":
+            self.emit(f"acc_{e.key} += {masked}", 2)
+        else:
+            fn = "tl.maximum" if combine == "max" else "tl.minimum"
+            self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 2)
