@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import fusegraph as fg
@@ -166,3 +167,24 @@ def test_the_plan_runs_the_optimized_graph() -> None:
     assert [p for p in passes if p in ("simplify", "fold", "cse", "dce")][:4] == ["simplify", "fold", "cse", "dce"]
     x_t = rand(4)
     assert_close(plan(x_t), x_t * 2)
+
+
+def test_pow_and_matmul_operators() -> None:
+    g = fg.Graph("more_ops")
+    a, b = g.tensor((3, 4), name="a"), g.tensor((4, 5), name="b")
+    y = (a @ b) ** 2
+    z = 2.0 ** a
+    assert y.shape == (3, 5) and z.shape == (3, 4)
+    g.set_output(y, z)
+    a_t, b_t = rand(3, 4), rand(4, 5)
+    y_t, z_t = fg.reference(g)(a_t, b_t)
+    assert_close(y_t, (a_t @ b_t) ** 2)
+    assert_close(z_t, 2.0 ** a_t)
+
+
+def test_a_tensor_has_no_truth_value() -> None:
+    g = fg.Graph("truth")
+    x = g.tensor((3,), name="x")
+    with pytest.raises(fg.GraphError, match=r"node 'x' \(op input\).*neither true nor false.*g.where"):
+        if x:
+            pass

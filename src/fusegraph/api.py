@@ -61,6 +61,14 @@ class Tensor:
     def __truediv__(self, o: Any) -> Tensor: return self.graph.div(self, o)
     def __rtruediv__(self, o: Any) -> Tensor: return self.graph.div(o, self)
     def __neg__(self) -> Tensor: return self.graph.neg(self)
+    def __pow__(self, o: Any) -> Tensor: return self.graph.pow(self, o)
+    def __rpow__(self, o: Any) -> Tensor: return self.graph.pow(o, self)
+    def __matmul__(self, o: Any) -> Tensor: return self.graph.matmul(self, o)
+
+    def __bool__(self) -> bool:
+        raise GraphError(f"{where(self.node.op, self.name, user_source_line())}: a graph tensor has no value "
+                         "while the graph is built, so it is neither true nor false; use g.where(cond, a, b) "
+                         "for a choice made per element")
 
     __hash__ = object.__hash__
 
