@@ -351,3 +351,64 @@ def test_a_pass_that_breaks_the_graph_is_caught_by_the_verifier() -> None:
     with override(verify=True), pytest.raises(fg.GraphError, match="after pass broken"):
         broken(ir)
     assert isinstance(ir.outputs[0], Node)
+
+
+def _split_op() -> str:
+    name = "test_split2_passes"
+    if name not in all_ops():
+        define(name, lambda specs, a: (specs[0], specs[0]), lambda xs, a: (xs[0] + 1, xs[0] * 2),
+               doc="test-only two-output op")
+    return name
+
+
+def test_fold_and_cse_through_multi_output_nodes() -> None:
+    op = _split_op()
+    g = fg.Graph("multi")
+    x = g.tensor((4,), name="x")
+    known_a, known_b = g._apply(op, g.constant(torch.arange(4, dtype=torch.float32)))   # all inputs known
+    live_a, live_b = g._apply(op, x)
+    again_a, _ = g._apply(op, x)                                                     # same as live
+    ir = outputs(g, g.add(g.mul(live_a, known_a), g.add(live_b, known_b)), g.sub(again_a, live_a))
+    assert ops_of(ir)[op] == 3 and ops_of(ir)["getitem"] == 5
+    folded = fold(ir)
+    assert ops_of(folded)[op] == 2 and ops_of(folded)["constant"] == 2
+    assert [n.attrs["value"].tolist() for n in folded.nodes if n.op == "constant"] == [[1, 2, 3, 4], [0, 2, 4, 6]]
+    merged = cse(folded)
+    assert ops_of(merged)[op] == 1 and ops_of(merged)["getitem"] == 2
+    same_results(ir, merged)
+
+
+def _cast_probe_values(name: str) -> torch.Tensor:
+    """Edge values of a dtype (zeros of both signs, extremes, inf, nan, fractions) plus random ones."""
+    dtype = fg.ir.dtypes.to_torch(name)
+    if dtype == torch.bool:
+        return torch.tensor([True, False])
+    gen = torch.Generator().manual_seed(0)
+    if dtype.is_floating_point:
+        edges = torch.tensor([0.0, -0.0, 1.0, -1.5, 1 / 3, 1e-3, 3e-5, 1e-8, 255.5, -129.5, 448.0, 57344.0,
+                              65504.0, 7e4, 3e38, 2.0**24 + 1, float("inf"), float("-inf"), float("nan")],
+                             dtype=torch.float64)
+        spread = torch.randn(500, generator=gen, dtype=torch.float64) * torch.logspace(-8, 8, 500, dtype=torch.float64)
+        return torch.cat([edges, spread]).to(dtype)
+    info = torch.iinfo(dtype)
+    edges = torch.tensor([info.min, info.max, 0, 1, info.max // 2], dtype=torch.int64)
+    return torch.cat([edges, torch.randint(info.min, info.max, (500,), generator=gen)]).to(dtype)
+
+
+def test_every_cast_chain_called_exact_is_exact_in_torch() -> None:
+    names = list(fg.ir.dtypes.TORCH_DTYPES)
+    checked = 0
+    for x, a, b in ((x, a, b) for x in names for a in names for b in names):
+        if not cast_chain_is_exact(x, a, b):
+            continue
+        values = _cast_probe_values(x)
+        two = values.to(fg.ir.dtypes.to_torch(a)).to(fg.ir.dtypes.to_torch(b))
+        one = values.to(fg.ir.dtypes.to_torch(b))
+        if one.dtype == torch.bool:
+            assert torch.equal(one, two), (x, a, b)
+        else:
+            o, t = one.double(), two.double()
+            same = (o == t) & (torch.signbit(o) == torch.signbit(t)) | (torch.isnan(o) & torch.isnan(t))
+            assert bool(same.all()), f"cast chain {x} -> {a} -> {b} differs at {values[~same][:4].tolist()}"
+        checked += 1
+    assert checked > 300
