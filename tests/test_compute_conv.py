@@ -69,3 +69,22 @@ def test_conv_gradients_match_reference() -> None:
     got = plan.execute({x: xt.detach(), w: wt.detach(), dy: dyt})
     assert_close(got[dx], xt.grad, what="dx")
     assert_close(got[dw], wt.grad, tol=1e-5, what="dw")
+
+
+def test_batchnorm_with_constant_parameters_folds_into_the_conv_weights() -> None:
+    torch.manual_seed(0)
+    g = fg.Graph(name="folded", compute_dtype="float32")
+    x = g.tensor((2, 8, 10, 10), dtype="float32", name="x")
+    w = g.constant(torch.randn(16, 8, 3, 3), name="w")
+    cb = g.constant(torch.randn(16), name="cb")
+    rm, rv = g.constant(torch.randn(16), name="rm"), g.constant(torch.rand(16) + 0.5, name="rv")
+    gw, gb = g.constant(torch.randn(16), name="gw"), g.constant(torch.randn(16), name="gb")
+    y = g.relu(g.batch_norm(g.conv2d(x, w, cb, padding=1), rm, rv, weight=gw, bias=gb, training=False, eps=1e-3))
+    y.set_output()
+    plan = g.build(device="cpu")
+    ops = [n.op for n in plan.graph.nodes]
+    assert "batchnorm" not in ops and ops.count("conv2d") == 1
+    (kernel,) = [k for k in plan.kernels if k.ops != ["constant"]]  # constants: zero-cost sources
+    assert kernel.kind == "convolution" and kernel.ops == ["conv2d", "relu"]
+    xt = torch.randn(2, 8, 10, 10)
+    assert_close(plan(xt), fg.reference(g)(xt), tol=1e-5)

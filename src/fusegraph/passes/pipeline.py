@@ -15,11 +15,13 @@ from .base import Pass
 from .cse import cse
 from .dce import dce
 from .fold import fold
+from .layout import fold_batchnorm
 from .simplify import simplify
 
 PIPELINE: list[Pass] = [
     simplify,   # algebraic identities, cast/layout chains (may leave dead nodes behind)
     attention_match,  # matmul -> scale -> (mask) -> softmax -> matmul becomes one attention op
+    fold_batchnorm,   # inference batchnorm with constant parameters folded into conv weights
     fold,       # evaluate what is known at build time
     cse,        # merge structurally equal nodes
     dce,        # drop what no output needs
