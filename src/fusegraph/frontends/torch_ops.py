@@ -376,10 +376,25 @@ def _sdpa_supports(node: torch.fx.Node) -> str | None:
     return None if not dropout else "attention dropout"
 
 
-@translates(aten._scaled_dot_product_flash_attention_for_cpu.default, supports=_sdpa_supports)
+def _no_dropout(node: torch.fx.Node) -> str | None:
+    dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    return None if not dropout else "attention dropout"
+
+
+@translates(aten._scaled_dot_product_flash_attention_for_cpu.default, supports=_no_dropout)
 def _sdpa_cpu(cx: Ctx, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False, *,
               attn_mask: Any = None, scale: Any = None) -> Any:
-    return (cx.g.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale), None)
+    """(out, logsumexp [B, H, L] fp32): the statistics the backward reads, in torch's own format."""
+    if cx.used_outputs() <= {0}:
+        return (cx.g.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale), None)
+    return cx.g.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale, return_lse=True)
+
+
+@translates(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+            supports=lambda n: None if not n.args[6] else "attention dropout")
+def _sdpa_cpu_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dropout_p: float,
+                       is_causal: bool, *, attn_mask: Any = None, scale: Any = None) -> Any:
+    return cx.g.sdpa_backward(grad, q, k, v, out, lse, attn_mask, 0.0, is_causal, scale)
 
 
 @translates(aten._scaled_dot_product_efficient_attention.default, supports=_sdpa_supports)
@@ -504,3 +519,73 @@ def _split(cx: Ctx, x: Any, sizes: Any, dim: int = 0) -> Any:
         out.append(x if length == size else cx.g.slice(x, dim, start, start + length, 1))
         start += length
     return tuple(out)
+
+
+@translates(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(cx: Ctx, *args: Any, **kwargs: Any) -> Any:
+    start, step = (0, 1) if cx.node.target is aten.arange.default else (args[0], args[2] if len(args) > 2 else 1)
+    index = cx.g.iota(cx.shape, 0, cx.dtype)
+    if step != 1:
+        index = cx.g.mul(index, step)
+    return index if start == 0 else cx.g.add(index, start)
+
+
+@translates(aten.bitwise_not.default, supports=lambda n: _bool_only(n))
+def _bitwise_not(cx: Ctx, x: Any) -> Any:
+    return cx.g.logical_not(x)
+
+
+@translates(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, supports=lambda n: _bool_only(n))
+def _bitwise_binary(cx: Ctx, a: Any, b: Any) -> Any:
+    return (cx.g.logical_and if cx.node.target is aten.bitwise_and.Tensor else cx.g.logical_or)(a, b)
+
+
+def _bool_only(node: torch.fx.Node) -> str | None:
+    val = node.meta.get("val")
+    return None if isinstance(val, torch.Tensor) and val.dtype == torch.bool else "bitwise op on integers"
+
+
+def _nll_supports(node: torch.fx.Node) -> str | None:
+    first = 1 if node.target is aten.nll_loss_backward.default else 0   # the backward starts with grad
+    lp, weight, reduction = node.args[first], node.args[first + 2], node.args[first + 3]
+    if weight is not None:
+        return "class weights"
+    val = lp.meta.get("val") if isinstance(lp, torch.fx.Node) else None
+    if val is None or val.dim() != 2:
+        return "only [N, C] inputs"
+    return None if reduction in (0, 1, 2) else f"reduction {reduction}"
+
+
+def _nll_valid(cx: Ctx, target: Any, ignore_index: int, n_classes: int) -> tuple[Any, Any]:
+    """([N, 1] safe class index, [N, 1] float validity) for targets that may hold ignore_index."""
+    column = cx.g.reshape(target, (target.shape[0], 1))
+    valid = cx.g.ne(column, ignore_index)
+    return cx.g.where(valid, column, 0), cx.g.cast(valid, "float32")
+
+
+@translates(aten.nll_loss_forward.default, supports=_nll_supports)
+def _nll_loss_forward(cx: Ctx, lp: Any, target: Any, weight: Any, reduction: int, ignore_index: int) -> Any:
+    """(loss, total_weight) of nll_loss on log-probabilities [N, C]; reduction 0 none, 1 mean, 2 sum."""
+    safe, valid = _nll_valid(cx, target, ignore_index, lp.shape[1])
+    picked = cx.g.mul(cx.g.neg(cx.g.cast(cx.g.gather(lp, 1, safe), "float32")), valid)   # [N, 1]
+    total = cx.g.sum(valid)
+    if reduction == 0:
+        loss = cx.g.reshape(picked, (lp.shape[0],))
+    elif reduction == 2:
+        loss = cx.g.sum(picked)
+    else:
+        loss = cx.g.div(cx.g.sum(picked), total)
+    return (loss, total)
+
+
+@translates(aten.nll_loss_backward.default, supports=_nll_supports)
+def _nll_loss_backward(cx: Ctx, grad: Any, lp: Any, target: Any, weight: Any, reduction: int, ignore_index: int,
+                       total_weight: Any) -> Any:
+    """d lp = -onehot(target) * grad (/ total_weight for mean), zero on ignored rows."""
+    n, c = lp.shape
+    safe, valid = _nll_valid(cx, target, ignore_index, c)
+    onehot = cx.g.cast(cx.g.eq(cx.g.iota((n, c), 1, "int64"), safe), "float32")
+    scale = cx.g.reshape(grad, (n, 1)) if reduction == 0 else cx.g.reshape(grad, (1, 1))
+    if reduction == 1:
+        scale = cx.g.div(scale, cx.g.reshape(total_weight, (1, 1)))
+    return cx.g.mul(cx.g.mul(onehot, valid), cx.g.neg(cx.g.cast(scale, "float32")))
