@@ -188,3 +188,12 @@ def test_a_tensor_has_no_truth_value() -> None:
     with pytest.raises(fg.GraphError, match=r"node 'x' \(op input\).*neither true nor false.*g.where"):
         if x:
             pass
+
+
+def test_shapes_may_be_numpy_ints_or_a_torch_size() -> None:
+    import numpy as np
+
+    g = fg.Graph("shapes")
+    assert g.tensor((np.int64(2), 3), name="a").shape == (2, 3)
+    assert g.tensor(torch.Size([4, 5]), name="b").shape == (4, 5)
+    assert g.tensor(7, name="c").shape == (7,)

@@ -5,6 +5,7 @@ modules (fusegraph.ops.*Methods), each next to the op's registry entry."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -235,8 +236,13 @@ def _input_spec(label: str, shape: Any, dtype: Any, layout: str | None, strides:
     """The spec of a declared input, or ShapeError/DTypeError/GraphError naming the input."""
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)
-    if not isinstance(shape, Sequence) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                              for s in shape):
+    try:
+        if isinstance(shape, str | bytes) or any(isinstance(s, bool) for s in shape):
+            raise TypeError("not a shape")
+        shape = tuple(operator.index(s) for s in shape)   # ints, numpy ints, a torch.Size
+    except TypeError:
+        raise ShapeError(f"{label}: shape {shape!r} must be a sequence of non-negative ints") from None
+    if any(s < 0 for s in shape):
         raise ShapeError(f"{label}: shape {shape!r} must be a sequence of non-negative ints")
     try:
         dtype_name = dtypes.canonical(dtype)
