@@ -15,6 +15,7 @@ import torch
 
 import fusegraph as fg
 from conftest import rand
+from fusegraph.errors import InvalidValueError
 
 
 def next_line() -> int:
@@ -173,6 +174,18 @@ def test_bad_constants_and_tensor_like() -> None:
         g.constant(torch.ones(2, dtype=torch.complex64))
     with raises(fg.GraphError, r"\(op input\)", "tensor_like takes a torch.Tensor, got ndarray"):
         g.tensor_like(torch.ones(2).numpy())
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 0.0, -1.0])
+def test_non_finite_or_non_positive_scales(scale: float) -> None:
+    g = fg.Graph("quant")
+    x = g.tensor((4, 8), name="x")
+    with raises(InvalidValueError, r"node 'q' \(op quantize\)", f"scale must be a finite number > 0, got {scale}"):
+        g.quantize(x, "float8_e4m3fn", scale=scale, name="q")
+    bad = g.constant(torch.tensor([1.0, scale]), name="bad_scale")
+    with raises(InvalidValueError, "op dequantize", "constant scale 'bad_scale' must be finite and > 0"):
+        g.dequantize(g.cast(x, "int8"), bad, granularity="row")
+    assert issubclass(InvalidValueError, fg.FusegraphError)
 
 
 # ---------------------------------------------------------------- executing
