@@ -5,6 +5,7 @@ structure of what was compiled (partitions compiled by fusegraph, ops left to to
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import math
 import warnings
@@ -160,14 +161,19 @@ def test_transformer_block_training_gradients_match_eager():
     assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
 
 
-def test_conv_net_training_gradients_match_eager():
+def test_conv_net_training_gradients_and_running_stats_match_eager():
     # no conv bias before a training-mode batch norm: its gradient is ~0 and only noise would be compared
-    with pytest.warns(FallbackWarning, match="_native_batch_norm_legit_functional"):
-        compiled = _check_training(ConvNet(conv_bias=False), rand(2, 3, 8, 8))
+    model, x = ConvNet(conv_bias=False), rand(2, 3, 8, 8)
+    twin = copy.deepcopy(model)
+    compiled = _check_training(model, x)
+    twin(x)
+    twin(x)  # _check_training ran the model twice: compiled, then eager
     report = compiled.fusegraph_report
-    assert "aten.convolution_backward.default" in report.compiled_ops
-    # training-mode batch norm (with running-stat updates) is not translated yet: it runs in torch
-    assert set(report.fallback_ops) == {"aten._native_batch_norm_legit_functional.default"}
+    assert report.fallback_ops == {}
+    assert {"aten.convolution_backward.default", "aten._native_batch_norm_legit_functional.default"} \
+        <= report.compiled_ops
+    for (name, got), (_, ref) in zip(model.named_buffers(), twin.named_buffers(), strict=True):
+        assert_close(got.float(), ref.float(), what=name)
 
 
 class Attention(nn.Module):

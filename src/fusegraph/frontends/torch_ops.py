@@ -317,6 +317,35 @@ def _batch_norm_eval(cx: Ctx, x: Any, weight: Any, bias: Any, running_mean: Any,
     return (out, None, None)
 
 
+@translates(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.no_stats,
+            aten._native_batch_norm_legit.default,
+            supports=lambda n: None if _bn_training(n) else "eval-mode call of a training batch-norm op")
+def _batch_norm_train(cx: Ctx, x: Any, weight: Any, bias: Any, *args: Any) -> Any:
+    """Batch statistics: (out, save_mean, save_invstd[, new_running_mean, new_running_var]).
+    The _legit.default form updates running stats in place; AOTAutograd functionalizes that into
+    the _functional form, so only the functional and no-stats forms reach us with running stats."""
+    no_stats = cx.node.target is aten._native_batch_norm_legit.no_stats
+    running_mean, running_var = (None, None) if no_stats else args[:2]
+    momentum, eps = (args[1], args[2]) if no_stats else (args[3], args[4])
+    out, mean, var_unbiased = cx.g.batch_norm(x, None, None, weight, bias, training=True, eps=eps)
+    n = math.prod(x.shape) // x.shape[1]
+    var_biased = cx.g.mul(var_unbiased, (n - 1) / n)
+    invstd = cx.g.rsqrt(cx.g.add(var_biased, float(eps)))
+    if cx.node.target is not aten._native_batch_norm_legit_functional.default:
+        return (out, mean, invstd)
+    new_mean = cx.g.add(cx.g.mul(running_mean, 1.0 - momentum), cx.g.mul(mean, momentum))
+    new_var = cx.g.add(cx.g.mul(running_var, 1.0 - momentum), cx.g.mul(var_unbiased, momentum))
+    return (out, mean, invstd, new_mean, new_var)
+
+
+def _bn_training(node: torch.fx.Node) -> bool:
+    if node.target is aten._native_batch_norm_legit.default:
+        return False  # mutates running stats in place: only its functionalized form is translated
+    if node.target is aten._native_batch_norm_legit.no_stats:
+        return bool(node.args[3])
+    return bool(node.args[5])
+
+
 # ---------------- linear algebra ----------------
 
 @translates(aten.mm.default, aten.bmm.default, aten.matmul.default)
