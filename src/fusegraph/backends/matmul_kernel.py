@@ -80,8 +80,17 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
         kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
         kernel.note = "cuBLAS was faster for this shape" + ("" if identity else " (epilogue as a second launch)")
         return kernel
+    launch = GemmLaunch(fn, gen, choice, device)
+    if device.startswith("cuda"):
+        try:  # compile now: a config that does not build falls back to cuBLAS here, not at run time
+            launch(_example_inputs(gen.inputs, device))
+        except Exception as err:
+            kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
+            kernel.note = f"Triton GEMM failed to compile ({type(err).__name__}: {str(err)[:200]}); cuBLAS"
+            _debug(name, kernel.note)
+            return kernel
     kernel.config = dict(choice)
-    kernel.launch = GemmLaunch(fn, gen, choice, device)
+    kernel.launch = launch
     return kernel
 
 

@@ -200,9 +200,10 @@ class _GemmWriter(_Writer):
         sam, sak = geo.a_strides
         sbk, sbn = geo.b_strides
         e("rk = tl.arange(0, BLOCK_K)")
-        # rows/cols past the edge read row/col 0 (in bounds; their results are never stored)
-        e("safe_m = tl.where(mask_m, offs_m, 0)")
-        e("safe_n = tl.where(mask_n, offs_n, 0)")
+        # rows/cols past the edge wrap around (in bounds; their results are never stored); a modulo
+        # keeps Triton's contiguity analysis (vectorized loads), a tl.where would not
+        e("safe_m = offs_m % M")
+        e("safe_n = offs_n % N")
         e(f"a_ptrs = {pa} + {a_base} + safe_m * {sam} + rk[None, :] * {sak}")
         e(f"b_ptrs = {pb} + {b_base} + rk[:, None] * {sbk} + safe_n * {sbn}")
         e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
