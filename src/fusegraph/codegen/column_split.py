@@ -43,7 +43,8 @@ class ColumnSplitWriter(_ReductionWriter):
         for e in reduces:
             self.emit(f"acc_{e.key} = tl.full([BLOCK_C, ROWS], {FILL[combine[e.key]]}, tl.float32)")
         self.emit("for c0 in range(0, CHUNK, BLOCK_C):")
-        self.emit("cols = tl.program_id(1) * CHUNK + c0 + tl.arange(0, BLOCK_C)[:, None]", 2)
+        wide = ".to(tl.int64)" if self.wide else ""   # reduced index times a large stride
+        self.emit(f"cols = (tl.program_id(1) * CHUNK + c0 + tl.arange(0, BLOCK_C)[:, None]){wide}", 2)
         self.emit(f"mask = rmask & (cols < {cols})", 2)
         for line in red_lines:
             self.emit(line, 2)

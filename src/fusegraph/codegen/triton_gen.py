@@ -257,7 +257,8 @@ class _ReductionWriter(_Writer):
         dimvar.update(red_vars)
         entries = self.group.entries
         self.emit("if SINGLE:")
-        self.emit(f"cols = tl.arange(0, BLOCK_C){c_tile}", 2)
+        wide = ".to(tl.int64)" if self.wide else ""   # reduced index times a large stride
+        self.emit(f"cols = tl.arange(0, BLOCK_C){c_tile}{wide}", 2)
         self.emit(f"mask = rmask & (cols < {cols})", 2)
         for line in red_lines:
             self.emit(line, 2)
@@ -304,6 +305,7 @@ class _ReductionWriter(_Writer):
     def _looped(self, entries: list[Entry], dimvar: dict[int, str], red_lines: list[str], c_tile: str,
                 ax: int, cols: int) -> None:
         self.expr = {}
+        wide = ".to(tl.int64)" if self.wide else ""
         by_key = {e.key: e for e in entries}
         reduces = [e for e in entries if e.kind == "reduce"]
         passes = max(e.stage for e in reduces)
@@ -324,7 +326,7 @@ class _ReductionWriter(_Writer):
                     fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[_combine(e)]
                     self.emit(f"acc_{e.key} = tl.full({self.tile}, {fill}, tl.float32)", 2)
             self.emit(f"for c0 in range(0, {cols}, BLOCK_C):", 2)
-            self.emit(f"cols = c0 + tl.arange(0, BLOCK_C){c_tile}", 3)
+            self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
             self.emit(f"mask = rmask & (cols < {cols})", 3)
             for line in red_lines:
                 self.emit(line, 3)

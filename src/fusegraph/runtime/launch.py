@@ -56,20 +56,28 @@ class TritonLaunch:
 
 def _direct_runner(kernel: Any, grid: tuple[int, ...]) -> Callable[..., None] | None:
     """A closure launching a compiled Triton kernel without the JIT's dispatch (None if this
-    Triton does not expose what it needs)."""
+    Triton does not expose what it needs). The stream is read per call (CUDA-graph capture and
+    user streams change it) with the same raw call the JIT uses."""
     try:
         from triton import knobs
 
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
         g0, g1, g2 = (*tuple(grid), 1, 1)[:3]
-        stream_of = torch.cuda.current_stream
-    except (ImportError, AttributeError):
+        device = torch.cuda.current_device()
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        hooks = knobs.runtime
+    except (ImportError, AttributeError, RuntimeError):
         return None
 
+    def current_stream(device: int) -> int:
+        return int(torch.cuda.current_stream(device).cuda_stream)
+
+    get_stream: Callable[[int], int] = raw_stream if raw_stream is not None else current_stream
+
     def launch(*args: Any) -> None:
-        stream = stream_of().cuda_stream
-        enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        enter = hooks.launch_enter_hook
+        stream = get_stream(device)
         meta = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
-        run(g0, g1, g2, stream, function, packed, meta, enter, exit_, *args)
+        run(g0, g1, g2, stream, function, packed, meta, enter, hooks.launch_exit_hook, *args)
 
     return launch
