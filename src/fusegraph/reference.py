@@ -14,6 +14,7 @@ from .ir.graph import Graph
 from .ir.node import Node
 from .ir.registry import NO_UPCAST, SOURCE, get_op
 from .runtime.guards import check_inputs, resolve_feeds
+from .runtime.plan import fresh_outputs
 
 
 def run_node(node: Node, args: list[torch.Tensor], compute_dtype: str, device: torch.device | None) -> Any:
@@ -57,8 +58,10 @@ def execute_graph(graph: Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor
             remaining[i.id] -= 1
             if remaining[i.id] == 0 and i.id not in keep and i.op != "input":
                 env.pop(i.id, None)
-    inputs_ids = {n.id for n in graph.inputs}  # outputs never alias the user's input tensors
-    return [env[n.id].clone() if n.id in inputs_ids else env[n.id] for n in graph.outputs]
+    slot = {n.id: k for k, n in enumerate(graph.inputs)}
+    for n in graph.nodes:
+        slot.setdefault(n.id, len(slot))
+    return fresh_outputs([env[n.id] for n in graph.outputs], [slot[n.id] for n in graph.outputs], len(graph.inputs))
 
 
 class ReferenceExecutor:

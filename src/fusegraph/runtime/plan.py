@@ -77,8 +77,7 @@ class Plan:
                 buf[k] = r
             for i in frees:
                 buf[i] = None
-        n_in = len(inputs)  # an output that is an input (after x*1 -> x) is a copy, never the user's tensor
-        return [buf[k].clone() if k < n_in else buf[k] for k in self._out_slots]
+        return fresh_outputs([buf[k] for k in self._out_slots], self._out_slots, len(inputs))
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expect):
@@ -148,3 +147,14 @@ def _spec_of(t: torch.Tensor) -> TensorSpec:
     dense = strides == contiguous_strides(shape)
     return TensorSpec(shape, dtypes.canonical(t.dtype), layout=None if dense else "strided",
                       strides=None if dense else strides)
+
+
+def fresh_outputs(values: list[Any], keys: Sequence[int], num_inputs: int) -> list[Any]:
+    """Outputs never alias the user's inputs (x * 1 simplifies to x) or each other (CSE merges equal
+    outputs): such values are copied. keys[i] identifies values[i]; keys below num_inputs are inputs."""
+    seen: set[int] = set()
+    out = []
+    for key, value in zip(keys, values, strict=True):
+        out.append(value.clone() if key < num_inputs or key in seen else value)
+        seen.add(key)
+    return out
