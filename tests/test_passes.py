@@ -412,3 +412,22 @@ def test_every_cast_chain_called_exact_is_exact_in_torch() -> None:
             assert bool(same.all()), f"cast chain {x} -> {a} -> {b} differs at {values[~same][:4].tolist()}"
         checked += 1
     assert checked > 300
+
+
+def test_decompose_expands_composites_unless_kept() -> None:
+    from fusegraph.passes.decompose import decompose, decompose_keeping
+
+    g = fg.Graph("decompose")
+    x = g.tensor((4, 16), dtype="bfloat16", name="x")
+    w = g.tensor((16,), dtype="bfloat16", name="w")
+    ir = outputs(g, g.softmax(g.layernorm(x, weight=w), -1))
+    assert ops_of(ir) == Counter({"layernorm": 1, "softmax": 1})
+    out = decompose(ir)
+    ops = ops_of(out)
+    assert "layernorm" not in ops and "softmax" not in ops
+    assert ops["sum"] == 3 and ops["max"] == 1 and ops["rsqrt"] == 1 and ops["exp"] == 1
+    kept = decompose_keeping({"layernorm"})(ir)
+    assert ops_of(kept)["layernorm"] == 1 and "softmax" not in ops_of(kept)
+    assert kept.provenance[-1].name == "decompose"
+    same_results(ir, out)
+    same_results(ir, kept)

@@ -9,7 +9,7 @@ from ..ir.emit import Emitter
 from ..ir.graph import Graph, map_nodes
 from ..ir.node import Node
 from ..ir.registry import COMPOSITE, get_op
-from .base import graph_pass
+from .base import Pass, graph_pass
 
 
 def decompose_graph(graph: Graph, keep: frozenset[str] = frozenset()) -> Graph:
@@ -45,3 +45,12 @@ def _expand_all(node: Node, compute_dtype: str, keep: frozenset[str]) -> Node:
 def decompose(graph: Graph) -> Graph:
     """Replace composite ops with their decompositions into primitive ops."""
     return decompose_graph(graph)
+
+
+def decompose_keeping(keep: frozenset[str] | set[str] = frozenset()) -> Pass:
+    """The decompose pass with the composites in `keep` left whole (for a library kernel to serve);
+    as a Pass, it is recorded in the graph's provenance and verified like any other."""
+    kept = frozenset(keep)
+    suffix = f" (keeping {', '.join(sorted(kept))})" if kept else ""
+    return Pass("decompose", lambda graph: decompose_graph(graph, kept),
+                "Replace composite ops with their decompositions into primitive ops" + suffix)
