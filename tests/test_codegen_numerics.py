@@ -205,3 +205,20 @@ def test_long_full_reduction_and_non_finite_literals() -> None:
     plan = g.build()
     assert all("_finish" in k.source for k in plan.kernels)
     _run(g, [rand(2000)])
+
+
+def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
+    g = fg.Graph("online")
+    x = g.tensor((3, 500), "float32", "x")
+    t = g.tensor((3,), "int64", "t")
+    g.softmax(x, -1).set_output()
+    g.cross_entropy(x, t, reduction="none").set_output()
+    plan = g.build(max_row_block=64)
+    rows = [k for k in plan.kernels if k.kind == "reduction"]
+    assert len(rows) == 1
+    looped = rows[0].source.split("else:")[1]
+    # one loop for max, sum of exp and the target logit; one to write the softmax
+    assert looped.count("for c0 in range") == 2 and "m_new" in looped
+    x_t = rand(3, 500) * 4
+    x_t[:, 450:] += 10    # the max sits in the last chunk: the running sum must be rescaled
+    _run(g, [x_t, torch.tensor([1, 470, 499])], max_row_block=64)

@@ -304,55 +304,109 @@ class _ReductionWriter(_Writer):
 
     def _looped(self, entries: list[Entry], dimvar: dict[int, str], red_lines: list[str], c_tile: str,
                 ax: int, cols: int) -> None:
+        """One loop over the row per round of sequential reductions (plus one for stores that
+        need the last round). A sum of exp(a - max(a)) rides along with its max (online softmax:
+        the running sum is rescaled when the running max grows), saving a pass over the row."""
         self.expr = {}
         wide = ".to(tl.int64)" if self.wide else ""
         by_key = {e.key: e for e in entries}
+        online = _online_softmax_pairs(entries, by_key)          # sum key -> its max entry
+        with_sum = {m.key: by_key[k] for k, m in online.items()}   # max key -> its sum entry
+        stage = _stages(entries, online)
         reduces = [e for e in entries if e.kind == "reduce"]
-        passes = max(e.stage for e in reduces)
+        passes = max(stage[e.key] for e in reduces)
         stores = self.group.stores
+        ninf = "float('-inf')"
         for p in range(passes + 2):
             # values with one number per row that became available after pass p-1
             for e in entries:
-                if not e.full and e.kind != "reduce" and e.stage == p:
+                if not e.full and e.kind != "reduce" and stage[e.key] == p:
                     self.value(e, "rmask", dimvar, 2)
             for e in stores:
-                if not e.full and e.stage == p:
+                if not e.full and stage[e.key] == p:
                     self.store(e, "rmask", dimvar, 2)
-            targets = [e for e in reduces if e.stage == p + 1] + [e for e in stores if e.full and e.stage == p]
+            targets = [e for e in reduces if stage[e.key] == p + 1]
+            targets += [e for e in stores if e.full and stage[e.key] == p]
             if not targets:
                 continue
             for e in targets:
                 if e.kind == "reduce":
-                    fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[_combine(e)]
+                    fill = {"sum": "0.0", "max": ninf, "min": "float('inf')"}[_combine(e)]
                     self.emit(f"acc_{e.key} = tl.full({self.tile}, {fill}, tl.float32)", 2)
             self.emit(f"for c0 in range(0, {cols}, BLOCK_C):", 2)
             self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
             self.emit(f"mask = rmask & (cols < {cols})", 3)
             for line in red_lines:
                 self.emit(line, 3)
-            needed = _full_ancestors(targets, by_key)
+            needed = _full_ancestors([t for t in targets if t.key not in online], by_key)
             saved = dict(self.expr)
             for e in entries:
                 if e.key in needed:
                     self.value(e, "mask", dimvar, 3)
             for e in targets:
-                if e.kind == "reduce":
-                    arg = self.expr[e.args[0]]
-                    combine = _combine(e)
-                    fill = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[combine]
-                    masked = f"tl.where(mask, {arg}, {fill})"
-                    if combine == "sum":
-                        self.emit(f"acc_{e.key} += {masked}", 3)
-                    else:
-                        fn = "tl.maximum" if combine == "max" else "tl.minimum"
-                        self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 3)
-                else:
+                if e.key in online:
+                    continue
+                if e.kind != "reduce":
                     self.store(e, "mask", dimvar, 3)
+                    continue
+                arg = self.expr[e.args[0]]
+                combine = _combine(e)
+                fill = {"sum": "0.0", "max": ninf, "min": "float('inf')"}[combine]
+                masked = f"tl.where(mask, {arg}, {fill})"
+                if e.key in with_sum:
+                    acc_s = f"acc_{with_sum[e.key].key}"
+                    self.emit(f"m_new = tl.maximum(acc_{e.key}, {masked})", 3)
+                    self.emit(f"m_safe = tl.where(m_new == {ninf}, 0.0, m_new)", 3)
+                    self.emit(f"{acc_s} = {acc_s} * tl.exp(acc_{e.key} - m_safe) + tl.exp({masked} - m_safe)", 3)
+                    self.emit(f"acc_{e.key} = m_new", 3)
+                elif combine == "sum":
+                    self.emit(f"acc_{e.key} += {masked}", 3)
+                else:
+                    fn = "tl.maximum" if combine == "max" else "tl.minimum"
+                    self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 3)
             self.expr = saved  # values of the loop body are not visible after it
             for e in targets:
-                if e.kind == "reduce":
+                if e.kind == "reduce" and e.key not in online:
                     self.emit(f"{e.key} = tl.{_combine(e)}(acc_{e.key}, axis={ax}, keep_dims=True)", 2)
                     self.expr[e.key] = e.key
+            for e in targets:
+                if e.key in online:
+                    m = online[e.key].key
+                    self.emit(f"{m}_safe = tl.where({m} == {ninf}, 0.0, {m})", 2)
+                    self.emit(f"{e.key} = tl.sum(acc_{e.key} * tl.exp(acc_{m} - {m}_safe), axis={ax}, "
+                              "keep_dims=True)", 2)
+                    self.expr[e.key] = e.key
+
+
+def _online_softmax_pairs(entries: list[Entry], by_key: dict[str, Entry]) -> dict[str, Entry]:
+    """sum(exp(a - max(a))) reductions, by key, with their max entry (all in fp32)."""
+    pairs = {}
+    for e in entries:
+        if e.kind != "reduce" or _combine(e) != "sum":
+            continue
+        ex = by_key[e.args[0]]
+        if ex.kind != "op" or ex.node.op != "exp" or ex.node.dtype != "float32":
+            continue
+        sub = by_key[ex.args[0]]
+        if sub.kind != "op" or sub.node.op != "sub" or sub.node.dtype != "float32" or len(sub.args) != 2:
+            continue
+        m = by_key[sub.args[1]]
+        if m.kind == "reduce" and _combine(m) == "max" and m.args[0] == sub.args[0]:
+            pairs[e.key] = m
+    return pairs
+
+
+def _stages(entries: list[Entry], online: dict[str, Entry]) -> dict[str, int]:
+    """Rounds of reductions each value waits for, with online sums computed beside their max."""
+    stage: dict[str, int] = {}
+    for e in entries:
+        if e.key in online:
+            stage[e.key] = stage[online[e.key].key]
+        elif e.kind == "reduce":
+            stage[e.key] = stage[e.args[0]] + 1
+        else:
+            stage[e.key] = max((stage[a] for a in e.args), default=0)
+    return stage
 
 
 def _combine(e: Entry) -> str:
