@@ -121,3 +121,14 @@ def test_cublas_candidate_matches_reference() -> None:
     by_id = {n.name: t for n, t in zip(plan.graph.inputs, tensors, strict=False)}
     got = launch([by_id[n.name] for n in group.inputs])[0]
     assert_close(got, torch.relu(torch.nn.functional.linear(*tensors)))
+
+
+def test_check_same_rejects_a_wrong_candidate() -> None:
+    from fusegraph.backends.matmul_kernel import check_same
+
+    want = [torch.randn(8, 8, dtype=torch.float16)]
+    check_same([want[0].clone()], want, "same")
+    with pytest.raises(ValueError, match="relative error"):
+        check_same([want[0] * 1.1], want, "scaled")
+    with pytest.raises(ValueError, match="non-finite"):
+        check_same([torch.full((8, 8), float("nan"), dtype=torch.float16)], want, "nan")

@@ -150,6 +150,7 @@ def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, An
             _debug(name, f"{label} does not run: {type(err).__name__}: {str(err)[:200]}")
     if not working:
         return labels[0]
+    working = _agreeing(name, working, candidates, args)
 
     def bench(config: Config) -> float:
         launch = candidates[str(config["candidate"])]
@@ -158,6 +159,33 @@ def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, An
     key = {"problem": repr(p), "op": node.op, "attrs": repr(sorted(node.attrs.items())), "torch": torch.__version__}
     chosen = autotune(name, key, [Config(candidate=label) for label in working], bench)
     return str(chosen["candidate"])
+
+
+def _agreeing(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> list[str]:
+    """Drop Triton candidates whose results differ from a torch backend's on the example inputs
+    (when a torch backend ran: with return_lse/has_lse there is none to compare with)."""
+    from .matmul_kernel import check_same
+
+    baseline = next((label for label in labels if label.startswith("torch:")), None)
+    if baseline is None:
+        return labels
+    want = _flat(candidates[baseline](args))
+    kept = []
+    for label in labels:
+        try:
+            if label.startswith("triton"):
+                check_same(_flat(candidates[label](args)), want, f"{name} {label} vs {baseline}")
+            kept.append(label)
+        except ValueError as err:
+            _debug(name, str(err))
+    return kept or labels
+
+
+def _flat(results: list[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for r in results:
+        out.extend(r if isinstance(r, tuple | list) else [r])
+    return out
 
 
 def _example_inputs(node: Node, device: str) -> list[torch.Tensor]:

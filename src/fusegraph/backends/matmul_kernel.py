@@ -102,14 +102,37 @@ def _choose(name: str, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]
     if not device.startswith("cuda"):
         return dict(candidates[0].values)
     args = _example_inputs(gen.inputs, device)
+    expected: list[Any] = []
 
     def bench(config: Config) -> float:
         values = dict(config.values)
         launch = library if values["backend"] == "cublas" else GemmLaunch(fn, gen, values, device)
+        if values["backend"] == "triton":  # a config that computes something else is not a candidate
+            if not expected:
+                expected.extend(library(args))
+            check_same(launch(args), expected, f"{name} {config}")
         return bench_ms(lambda: launch(args))
 
     key = {"source": gen.source, "device": device, "torch": torch.__version__}
     return dict(autotune(name, key, candidates, bench).values)
+
+
+def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str) -> None:
+    """Raise ValueError unless each output matches (relative norm error over finite values; 16-bit
+    floats 2e-2, others 1e-3: candidates differ in summation order and fp32 rounding)."""
+    for g, w in zip(got, want, strict=True):
+        if not g.dtype.is_floating_point:
+            if not torch.equal(g, w):
+                raise ValueError(f"{what}: integer output differs from the baseline")
+            continue
+        finite = torch.isfinite(w)
+        if not torch.equal(finite, torch.isfinite(g)):
+            raise ValueError(f"{what}: non-finite values differ from the baseline")
+        g64, w64 = g[finite].double(), w[finite].double()
+        err = ((g64 - w64).norm() / w64.norm().clamp(min=1e-30)).item()
+        limit = 2e-2 if g.element_size() <= 2 else 1e-3
+        if not err <= limit:
+            raise ValueError(f"{what}: relative error {err:.2e} against the baseline (limit {limit:.0e})")
 
 
 def _reference_group_launch(group: MatmulGroup, compute_dtype: str, reference_launch: Any) -> Any:

@@ -13,6 +13,7 @@ same source runs on the GPU and under TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -243,6 +244,14 @@ class AttentionProblem:
     dtype: torch.dtype
 
 
+@functools.cache
+def _kernel(source_name: str) -> Any:
+    """The jitted kernel named `source_name`, loaded once per process."""
+    if source_name == "attention_fwd":
+        return load_triton_function(FORWARD_SOURCE, source_name)
+    return load_triton_function(BACKWARD_SOURCE, source_name)
+
+
 def attention_supported(problem: AttentionProblem) -> str | None:
     """None when the Triton kernels cover the problem, else why not (it then goes to torch SDPA)."""
     if problem.dtype not in ATTENTION_DTYPES:
@@ -287,7 +296,7 @@ def _mask_view(mask: torch.Tensor | None, p: AttentionProblem) -> tuple[torch.Te
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                       p: AttentionProblem, config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, Sq, Dv] in q's dtype, lse [B, H, Sq] fp32) with the Triton forward kernel."""
-    fn = load_triton_function(FORWARD_SOURCE, "attention_fwd")
+    fn = _kernel("attention_fwd")
     out = torch.empty((p.batch, p.heads, p.sq, p.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((p.batch, p.heads, p.sq), dtype=torch.float32, device=q.device)
     mask_t, ms = _mask_view(mask, p)
@@ -305,8 +314,8 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, p: AttentionProblem,
                        config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, in q's dtype."""
-    dkdv = load_triton_function(BACKWARD_SOURCE, "attention_bwd_dkdv")
-    dq_fn = load_triton_function(BACKWARD_SOURCE, "attention_bwd_dq")
+    dkdv = _kernel("attention_bwd_dkdv")
+    dq_fn = _kernel("attention_bwd_dq")
     delta = (grad_out.float() * out.float()).sum(-1).contiguous()
     lse = lse.float().contiguous()
     mask_t, ms = _mask_view(mask, p)
