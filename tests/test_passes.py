@@ -212,10 +212,12 @@ def test_involutions_and_idempotents_by_property() -> None:
     r = g.relu(g.relu(g.abs(g.abs(x))))                    # relu(abs(x))
     m = g.maximum(x, x)                                    # x
     n = g.logical_not(g.logical_not(b))                    # b
-    ir = outputs(g, g.add(a, r), m, n)
+    w = g.where(b, r, r)                                   # r
+    ir = outputs(g, g.add(a, r), m, n, w)
     out = simplify(ir)
     assert ops_of(out) == Counter({"add": 1, "relu": 1, "abs": 1})
     assert out.outputs[1] is out.inputs[0] and out.outputs[2] is out.inputs[1]
+    assert out.outputs[3].op == "relu"
     same_results(ir, out)
 
 
@@ -284,9 +286,11 @@ def test_reshape_chains() -> None:
     a = g.reshape(g.reshape(g.reshape(x, 6, 4), 4, 6), 3, 8)
     b = g.reshape(x, 2, 3, 4)
     c = g.reshape(g.reshape(x, 24), 2, 3, 4)
-    ir = outputs(g, a, g.add(b, c))
+    e = g.expand(x, 2, 3, 4)                              # expand to its own shape
+    ir = outputs(g, a, g.add(b, c), e)
     out = simplify(ir)
     assert ops_of(out) == Counter({"reshape": 1, "add": 1})
+    assert out.outputs[2] is out.inputs[0]
     assert out.outputs[0].inputs[0] is out.inputs[0]
     same_results(ir, out)
 

@@ -6,18 +6,20 @@ so a rule can never change a graph's types, only remove work.
 
 What counts as "exact" here (each rule says which it relies on):
 - x*1, 1*x, x/1, x-0 are bit-exact for every value, inf and nan included.
-- x+0 -> x is exact except that -0.0 + 0.0 is +0.0: like XLA and TorchInductor we do not treat
-  the sign of a zero as meaningful. x*0 -> 0 is NOT done for floats (inf*0 and nan*0 are nan,
+- x+0 -> x is exact except that -0.0 + 0.0 is +0.0: like XLA's algebraic simplifier we do not
+  treat the sign of a zero as meaningful. x*0 -> 0 is NOT done for floats (inf*0 and nan*0 are nan,
   -1*0 is -0.0); it is done for integer and bool results, where it is exact.
-- f(f(x)) -> x for INVOLUTION ops: exact for neg and logical_not; for reciprocal it removes two
-  roundings (the result is the mathematically intended x, within 1 ulp of what two divisions give).
-- f(f(x)) -> f(x) for IDEMPOTENT unary ops and f(x, x) -> x for IDEMPOTENT binary ops: exact.
+- f(f(x)) -> x for INVOLUTION ops: exact for neg and logical_not; for reciprocal the result is
+  the mathematically exact x, where two divisions would round twice (and over/underflow for
+  extreme x), so the rewrite changes bits only towards the true value.
+- f(f(x)) -> f(x) for IDEMPOTENT unary ops, f(x, x) -> x for IDEMPOTENT binary ops, and
+  where(c, x, x) -> x: exact.
 - cast(x, x.dtype) -> x, and cast(cast(x, a), b) -> cast(x, b) only when x -> a is lossless (every
   value of x's dtype is exactly representable in a) AND the remaining conversion depends only on
   the value: a -> b lossless too, or b is x's own dtype, or b is bool, or all three dtypes are
   floats (round-to-nearest of an exact value), or all three are integers (wrap-around is modular).
-- Layout compositions (permute/transpose/reshape chains, a transpose folded into matmul's
-  trans_a/trans_b) only move data, so they are exact.
+- Layout compositions (permute/transpose/reshape chains, reshape/expand to the input's own
+  shape, a transpose folded into matmul's trans_a/trans_b) only move data, so they are exact.
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -253,7 +255,8 @@ def _reshape_chain(node: Node, inner: Node, x: Node) -> Node | None:
     return rebuild(node, "reshape", [x], **dict(node.attrs))  # row-major order is kept by both
 
 
-def _reshape_same(node: Node, x: Node) -> Node | None:
+def _same_shape(node: Node, x: Node) -> Node | None:
+    """A reshape or expand to the shape its input already has is the input."""
     return x if node.shape == x.shape else None
 
 
@@ -287,7 +290,8 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(VIEWS, P(VIEWS, V("x"), name="inner")), _permute_chain),
     (P(VIEWS, V("x")), _permute_identity),
     (P("reshape", P("reshape", V("x"), name="inner")), _reshape_chain),
-    (P("reshape", V("x")), _reshape_same),
+    (P(("reshape", "expand"), V("x")), _same_shape),
+    (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
 ]
 
