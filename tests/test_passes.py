@@ -435,3 +435,23 @@ def test_decompose_expands_composites_unless_kept() -> None:
     assert kept.provenance[-1].name == "decompose"
     same_results(ir, out)
     same_results(ir, kept)
+
+
+def test_debug_levels_verify_and_print_every_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    g = fg.Graph("debug")
+    x = g.tensor((4,), name="x")
+    ir = outputs(g, g.exp(g.mul(x, 1.0)))
+    with override(debug=4):
+        optimize(ir)
+    printed = capsys.readouterr().out
+    for p in PIPELINE:
+        assert f"--- after {p.name} ---" in printed
+    assert "exp_" in printed and "# constructed by simplify" in printed
+    from fusegraph.passes import graph_pass
+
+    @graph_pass("drops_an_input")
+    def drops_an_input(graph: IRGraph) -> IRGraph:
+        return graph.with_(inputs=())
+
+    with override(debug=1), pytest.raises(fg.GraphError, match="after pass drops_an_input"):
+        drops_an_input(ir)
