@@ -88,3 +88,26 @@ def test_batchnorm_with_constant_parameters_folds_into_the_conv_weights() -> Non
     assert kernel.kind == "convolution" and kernel.ops == ["conv2d", "relu"]
     xt = torch.randn(2, 8, 10, 10)
     assert_close(plan(xt), fg.reference(g)(xt), tol=1e-5)
+
+
+def test_cudnn_fused_conv_relu_candidate_only_for_a_relu_epilogue() -> None:
+    from fusegraph.backends.conv_kernel import cudnn_fused_relu
+    from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    def group_of(activation: str) -> ConvGroup:
+        g = fg.Graph(name="cr", compute_dtype="float32")
+        x = g.tensor((2, 4, 6, 6), dtype="float16", name="x")
+        w = g.tensor((8, 4, 3, 3), dtype="float16", name="w")
+        b = g.tensor((8,), dtype="float16", name="b")
+        y = getattr(g, activation)(g.conv2d(x, w, b, padding=1))
+        y.set_output()
+        plan = g.build(device="cpu")
+        (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+        assert isinstance(item, ConvGroup)
+        return item
+
+    relu = group_of("relu")
+    assert cudnn_fused_relu(relu, "cpu") is None          # cuDNN only on the GPU
+    assert callable(cudnn_fused_relu(relu, "cuda"))        # planned there (autotuned against conv + epilogue)
+    assert cudnn_fused_relu(group_of("sigmoid"), "cuda") is None

@@ -16,6 +16,7 @@ from ..ir.node import Node
 from ..ir.registry import Cost, get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
+from ..settings import settings
 from . import cudnn
 
 
@@ -76,6 +77,65 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
     if epilogue is not None:
         source += f"\n# ---- epilogue kernel ({epilogue.backend}) ----\n{epilogue.source}"
     note = "convolution then our generated epilogue kernel" if epilogue is not None else ""
-    return Kernel(name=name, kind="convolution", backend="cudnn" if device.startswith("cuda") else "reference",
-                  nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
-                  cost=conv_group_cost(group), launch=launch, source=source, note=note)
+    kernel = Kernel(name=name, kind="convolution", backend="cudnn" if device.startswith("cuda") else "reference",
+                    nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
+                    cost=conv_group_cost(group), launch=launch, source=source, note=note)
+    fused = cudnn_fused_relu(group, device)
+    if fused is not None and _fused_wins(name, group, launch, fused, device):
+        kernel.launch = fused
+        kernel.source = f"# torch.cudnn_convolution_relu: {node.op} + bias + relu in one cuDNN call, {layout}"
+        kernel.note = "cuDNN fused conv+bias+relu was faster"
+        kernel.config = {"candidate": "cudnn_convolution_relu"}
+    return kernel
+
+
+def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
+    """conv2d (+ bias) + relu as one cuDNN call (torch.cudnn_convolution_relu), when the epilogue
+    is exactly a relu of the convolution; else None."""
+    node = group.compute
+    epilogue = group.epilogue_nodes
+    if not device.startswith("cuda") or node.op != "conv2d" or [n.op for n in epilogue] != ["relu"] \
+            or not hasattr(torch, "cudnn_convolution_relu") or len(group.outputs) != 1:
+        return None
+    stride, padding, dilation, groups = get_op(node.op).extra["params"](node.attrs)
+    channels_last = node.spec.layout == "NHWC"
+    dense = group.outputs[0].spec.memory_strides
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    args_at = [positions[i.id] for i in node.inputs]
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        x, w = args[args_at[0]], args[args_at[1]]
+        bias = args[args_at[2]] if len(args_at) == 3 else None
+        if channels_last:
+            x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+        out = torch.cudnn_convolution_relu(x, w, bias, stride, padding, dilation, groups)
+        if out.stride() != dense:
+            out = torch.empty_strided(out.shape, dense, dtype=out.dtype, device=out.device).copy_(out)
+        return [out]
+
+    return launch
+
+
+def _fused_wins(name: str, group: ConvGroup, plain: Any, fused: Any, device: str) -> bool:
+    """Autotune the fused cuDNN call against conv + our epilogue; the fused one must also agree."""
+    from ..lower import _example_inputs
+    from ..tune import Config, autotune, bench_ms
+    from .matmul_kernel import check_same
+
+    args = _example_inputs(group.inputs, device)
+    try:
+        check_same(fused(args), plain(args), f"{name} cudnn_convolution_relu")
+    except Exception as err:  # not supported for this dtype/layout, or different results
+        if settings.debug >= 1:
+            print(f"[fusegraph] {name}: cudnn_convolution_relu not used: {type(err).__name__}: {str(err)[:200]}")
+        return False
+    launches = {"conv+epilogue": plain, "cudnn_convolution_relu": fused}
+
+    def bench(config: Config) -> float:
+        launch = launches[str(config["candidate"])]
+        return bench_ms(lambda: launch(args))
+
+    key = {"conv": repr(group.compute.attrs), "shapes": [str(n.spec) for n in group.inputs],
+           "torch": torch.__version__}
+    chosen = autotune(name, key, [Config(candidate=c) for c in launches], bench)
+    return bool(chosen["candidate"] == "cudnn_convolution_relu")
