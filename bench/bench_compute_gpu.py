@@ -152,6 +152,12 @@ def bench_conv_bias_relu(small: bool) -> dict[str, Any]:
     flops = 2 * n * kf * hw * hw * c * 9
     times = {"fusegraph": device_ms(lambda: plan(*feeds)), "eager": device_ms(lambda: eager(*feeds)),
              "torch.compile": device_ms(lambda: compiled(*feeds))}
+    w_cl = feeds[1].contiguous(memory_format=torch.channels_last)
+    try:  # cuDNN's own fused conv+bias+relu (the peer the target compares with)
+        times["cudnn fused conv+bias+relu"] = device_ms(
+            lambda: torch.cudnn_convolution_relu(feeds[0], w_cl, feeds[2], (1, 1), (1, 1), (1, 1), 1))
+    except RuntimeError as err_:
+        print(f"  torch.cudnn_convolution_relu: not available ({str(err_)[:80]})")
     return {"workload": "conv_bias_relu", "shape": f"NHWC {n}x{c}x{hw}x{hw}, K={kf} 3x3", "rel_err": err,
             "ok": err <= 2e-2, "ms": times, "tflops": {k: flops / v / 1e9 for k, v in times.items()},
             "ratio_vs": {k: v / times["fusegraph"] for k, v in times.items() if k != "fusegraph"},
