@@ -132,3 +132,32 @@ def test_check_same_rejects_a_wrong_candidate() -> None:
         check_same([want[0] * 1.1], want, "scaled")
     with pytest.raises(ValueError, match="non-finite"):
         check_same([torch.full((8, 8), float("nan"), dtype=torch.float16)], want, "nan")
+
+
+GEOMETRIES = {  # name: (build, input shapes, expected ops of the kernels)
+    "vector_b": (lambda g, a, b: g.relu(g.matmul(a, b)), [(20, 16), (16,)], [["matmul", "relu"]]),
+    "vector_a": (lambda g, a, b: g.relu(g.matmul(a, b)), [(16,), (16, 24)], [["matmul", "relu"]]),
+    "one_row": (lambda g, a, b: g.mul(g.matmul(a, b), 2.0), [(1, 16), (16, 24)], [["matmul", "mul"]]),
+    "cast_up": (lambda g, a, b: g.cast(g.matmul(a, b), "float32"), [(20, 16), (16, 24)], [["matmul", "cast"]]),
+    "batch_broadcast_residual": (lambda g, a, b, r: g.add(g.matmul(a, b), r), [(3, 20, 16), (16, 24), (20, 24)],
+                                 [["matmul", "add"]]),
+    "per_row_scale": (lambda g, a, b, s: g.mul(g.matmul(a, b), s), [(3, 20, 16), (3, 16, 24), (3, 20, 1)],
+                      [["matmul", "mul"]]),
+    "transposed_reader_not_claimed": (lambda g, a, b: g.relu(g.transpose(g.matmul(a, b), 0, 1)),
+                                      [(20, 16), (16, 24)], [["matmul"], ["transpose", "relu"]]),
+    "swiglu": (lambda g, x, w1, w3: g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w3)),
+               [(20, 16), (16, 24), (16, 24)], [["matmul"], ["matmul", "silu", "mul"]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEOMETRIES))
+def test_gemm_geometries_and_epilogue_claims(case: str) -> None:
+    build, shapes, expected = GEOMETRIES[case]
+    g = fg.Graph(name=case, compute_dtype="float32")
+    ins = [g.tensor(s, dtype="float16", name=f"i{k}") for k, s in enumerate(shapes)]
+    y = build(g, *ins)
+    y.set_output()
+    plan = g.build(device="cpu")
+    assert [k.ops for k in plan.kernels] == expected
+    xs = [torch.randn(*s, dtype=torch.float16) for s in shapes]
+    assert_close(plan(*xs), fg.reference(g)(*xs), what=case)
