@@ -335,6 +335,28 @@ def test_translated_op_mix_matches_eager():
     assert compiled.fusegraph_report.fallback_ops == {}
 
 
+class PoolNet(nn.Module):
+    """Group norm, global average pooling, max over a dim (values only), a fresh zeros tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.GroupNorm(2, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.adaptive_avg_pool2d(self.norm(self.conv(x)).relu(), 1).flatten(1)
+        return self.fc(y.new_zeros(y.shape) + y + y.max(dim=1, keepdim=True).values)
+
+
+def test_pool_and_group_norm_inference():
+    model, x = PoolNet().eval(), rand(2, 3, 6, 6)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert report.fallback_ops == {}
+    assert {"aten.native_group_norm.default", "aten.max.dim"} <= report.compiled_ops
+
+
 def test_unknown_mode_and_option_are_rejected():
     with pytest.raises(fg.UnsupportedError, match="unknown mode"):
         fg.compile(MLP(), mode="fastest")

@@ -618,3 +618,59 @@ def _nll_loss_backward(cx: Ctx, grad: Any, lp: Any, target: Any, weight: Any, re
     if reduction == 1:
         scale = cx.g.div(scale, cx.g.reshape(total_weight, (1, 1)))
     return cx.g.mul(cx.g.mul(onehot, valid), cx.g.neg(cx.g.cast(scale, "float32")))
+
+
+def _global_pool(node: torch.fx.Node) -> str | None:
+    size: Any = node.args[1]
+    return None if list(size) == [1, 1] else "adaptive pooling to a size other than 1x1"
+
+
+def _grad_is_pooled(node: torch.fx.Node) -> str | None:
+    grad: Any = node.args[0]
+    return None if tuple(grad.meta["val"].shape[-2:]) == (1, 1) else "not a global pool"
+
+
+@translates(aten._adaptive_avg_pool2d.default, supports=_global_pool)
+def _adaptive_avg_pool(cx: Ctx, x: Any, output_size: Any) -> Any:
+    return cx.g.mean(x, (len(x.shape) - 2, len(x.shape) - 1), keepdim=True)
+
+
+@translates(aten._adaptive_avg_pool2d_backward.default, supports=_grad_is_pooled)
+def _adaptive_avg_pool_backward(cx: Ctx, grad: Any, x: Any) -> Any:
+    h, w = x.shape[-2:]
+    return cx.g.expand(cx.g.div(_cast(cx, grad, cx.dtype), float(h * w)), cx.shape)
+
+
+@translates(aten.copy.default)
+def _copy(cx: Ctx, dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """Functional copy: src broadcast to dst's shape, in dst's dtype."""
+    src = _cast(cx, src, cx.dtype)
+    if len(src.shape) < len(cx.shape):
+        src = cx.g.reshape(src, (1,) * (len(cx.shape) - len(src.shape)) + tuple(src.shape))
+    return src if tuple(src.shape) == cx.shape else cx.g.expand(src, cx.shape)
+
+
+@translates(aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+            aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.empty_like.default)
+def _new_filled(cx: Ctx, *args: Any, **kwargs: Any) -> Any:
+    """Fresh tensors; `empty` is given zeros (its values are unspecified)."""
+    value: Any = 0
+    if cx.node.target is aten.new_ones.default:
+        value = 1
+    elif cx.node.target is aten.new_full.default:
+        value = args[2]
+    return _full_constant(cx, value, cx.shape, cx.dtype)
+
+
+@translates(aten.max.dim, aten.min.dim,
+            supports=lambda n: None if node_users_only_first(n) else "the indices of max/min are read")
+def _max_dim(cx: Ctx, x: Any, dim: int, keepdim: bool = False) -> Any:
+    reduce = cx.g.amax if cx.node.target is aten.max.dim else cx.g.min
+    return (reduce(x, (dim % len(x.shape),), keepdim), None)
+
+
+@translates(aten.native_group_norm.default,
+            supports=lambda n: None if node_users_only_first(n) else "group-norm statistics are read (backward)")
+def _native_group_norm(cx: Ctx, x: Any, weight: Any, bias: Any, n: int, c: int, hw: int, groups: int,
+                       eps: float) -> Any:
+    return (cx.g.group_norm(x, groups, weight, bias, eps), None, None)
