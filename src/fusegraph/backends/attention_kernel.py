@@ -73,6 +73,10 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
             kernel.backend, kernel.source = "triton", _triton_source(backward)
         return kernel
     label = _choose(name, node, problem, candidates, device)
+    if label is None:
+        kernel.note = "no attention candidate ran on the example inputs: torch reference"
+        _debug(name, kernel.note)
+        return kernel
     kernel.launch = candidates[label]
     kernel.config = {"candidate": label}
     if label.startswith("triton"):
@@ -133,8 +137,9 @@ def _torch_backward(node: Node, p: AttentionProblem, backend: str) -> Any:
     return launch
 
 
-def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, Any], device: str) -> str:
-    """The fastest candidate that runs and matches the reference on example data (first without a GPU)."""
+def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, Any], device: str) -> str | None:
+    """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
+    without a GPU; None when none runs."""
     labels = list(candidates)
     if not device.startswith("cuda"):
         return labels[0]
@@ -149,7 +154,7 @@ def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, An
         except Exception as err:  # a backend that does not take this problem is not a candidate
             _debug(name, f"{label} does not run: {type(err).__name__}: {str(err)[:200]}")
     if not working:
-        return labels[0]
+        return None
     working = _agreeing(name, working, candidates, args)
 
     def bench(config: Config) -> float:
