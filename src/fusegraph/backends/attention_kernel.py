@@ -72,18 +72,18 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         if why is None and candidates:
             kernel.backend, kernel.source = "triton", _triton_source(backward)
         return kernel
-    label = _choose(name, node, problem, candidates, device)
-    if label is None:
+    chosen = _choose(name, node, problem, candidates, device)
+    if chosen is None:
         kernel.note = "no attention candidate ran on the example inputs: torch reference"
         _debug(name, kernel.note)
         return kernel
-    kernel.launch = candidates[label]
-    kernel.config = {"candidate": label}
-    if label.startswith("triton"):
+    kernel.launch = candidates[chosen]
+    kernel.config = {"candidate": chosen}
+    if chosen.startswith("triton"):
         kernel.backend, kernel.source = "triton", _triton_source(backward)
     else:
-        kernel.backend = "cudnn" if label.endswith("cudnn") else "torch"
-        kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {label.split(':')[1]} backend"
+        kernel.backend = "cudnn" if chosen.endswith("cudnn") else "torch"
+        kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {chosen.split(':')[1]} backend"
         if why is not None:
             kernel.note = f"no Triton kernel: {why}"
     return kernel
