@@ -228,6 +228,7 @@ def test_plan_host_overhead_smoke() -> None:
     plan = g.build()
     out = torch.empty(M, N)
     plan._steps = tuple((lambda args: [out], ins, outs, frees) for _, ins, outs, frees in plan._steps)
+    plan._run_fast = plan._compile_run()
     t = rand(M, N)
     for _ in range(200):
         plan(t)
@@ -238,3 +239,20 @@ def test_plan_host_overhead_smoke() -> None:
     per_call_us = (time.perf_counter() - start) / calls * 1e6
     warnings.warn(f"plan host overhead beyond the launch: {per_call_us:.2f} us/call", stacklevel=1)
     assert per_call_us < 50   # the GPU target is < 10 us; CI machines vary
+
+
+def test_generated_run_path_equals_the_step_by_step_one() -> None:
+    g = fg.Graph("two_kernels")
+    x = g.tensor((M, N), "float32", "x")
+    y = g.exp(x)
+    y.set_output()
+    x.set_output()                       # an input as output: copied, never aliased
+    g.sum(y, 0).set_output()
+    g.softmax(y, -1).set_output()
+    plan = g.build()
+    t = rand(M, N)
+    fast, slow = plan.run([t]), plan.run_slow([t])
+    assert len(fast) == len(slow) == 4
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b)
+    assert fast[1] is not t and torch.equal(fast[1], t)
