@@ -41,11 +41,13 @@ class TritonLaunch:
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         buffers = self.allocate()
+        compiled = self._compiled
+        if compiled is not None:
+            consts = self.const_values
+            for run in compiled:
+                run(*args, *buffers, *consts)
+            return buffers[:len(self.out_specs)] if self.workspaces else buffers
         n_out = len(self.out_specs)
-        if self._compiled is not None:
-            for run in self._compiled:
-                run(*args, *buffers, *self.const_values)
-            return buffers[:n_out] if self.workspaces else buffers
         kernels = [fn[grid](*args, *buffers, **self.constexprs, num_warps=self.num_warps) for fn, grid in self.stages]
         if self.fast and all(k is not None for k in kernels):
             runners = [_direct_runner(k, grid) for k, (_, grid) in zip(kernels, self.stages, strict=True)]
