@@ -161,3 +161,43 @@ def test_gemm_geometries_and_epilogue_claims(case: str) -> None:
     assert [k.ops for k in plan.kernels] == expected
     xs = [torch.randn(*s, dtype=torch.float16) for s in shapes]
     assert_close(plan(*xs), fg.reference(g)(*xs), what=case)
+
+
+@pytest.mark.parametrize("trans_a,trans_b,batch", [(False, False, ()), (False, True, (2,)), (True, False, (2,)),
+                                                   (True, True, ())])
+def test_tma_descriptor_path_matches_reference(trans_a: bool, trans_b: bool, batch: tuple) -> None:
+    from fusegraph.backends.matmul_kernel import GemmLaunch
+    from fusegraph.codegen.compile import load_triton_function
+    from fusegraph.codegen.matmul import generate_gemm
+
+    m, n, k = 40, 24, 48  # edges in every dim (K = 1.5 tiles of 32): TMA zero-fills past them
+    a_shape = (*batch, k, m) if trans_a else (*batch, m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    g = fg.Graph(name=f"tma_{trans_a}_{trans_b}", compute_dtype="float32")
+    a = g.tensor(a_shape, dtype="float16", name="a")
+    b = g.tensor(b_shape, dtype="float16", name="b")
+    bias = g.tensor((n,), dtype="float16", name="bias")
+    y = g.relu(g.add(g.matmul(a, b, transpose_a=trans_a, transpose_b=trans_b), bias))
+    y.set_output()
+    plan = g.build(device="cpu")
+    (group,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(group, MatmulGroup)
+    gen = generate_gemm(group, f"tma_test_{int(trans_a)}{int(trans_b)}{len(batch)}")
+    assert gen.tma and "tl.make_tensor_descriptor" in gen.source
+    tma_configs = [c for c in gemm_configs(gen.geometry, tma=True) if c.get("USE_TMA")]
+    assert tma_configs
+    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, dict(tma_configs[0], BLOCK_K=32), "cpu")
+    xs = {a: torch.randn(a_shape, dtype=torch.float16), b: torch.randn(b_shape, dtype=torch.float16),
+          bias: torch.randn(n, dtype=torch.float16)}
+    by_name = {h.name: t for h, t in xs.items()}
+    (got,) = launch([by_name[node.name] for node in gen.inputs])
+    assert_close(got, fg.reference(g).execute(xs)[y], what="TMA GEMM")
+
+
+def test_tma_not_planned_for_unaligned_strides() -> None:
+    from fusegraph.codegen.matmul import GemmGeometry, tma_plan
+
+    aligned = GemmGeometry((), 40, 24, 48, (48, 1), (24, 1), (), ())
+    assert tma_plan(aligned, 2) is not None
+    odd_rows = GemmGeometry((), 40, 24, 33, (33, 1), (24, 1), (), ())  # 66-byte rows
+    assert tma_plan(odd_rows, 2) is None

@@ -38,8 +38,14 @@ class GemmLaunch:
         self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in gen.outputs]
         self.device = torch.device(device)
 
+        self.uses_tma = bool(self.constexprs["USE_TMA"])
+        if self.uses_tma and self.device.type == "cuda":
+            _set_tma_allocator()
+
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
+        if self.uses_tma and any(t.data_ptr() % 16 for t in args):
+            raise ValueError("TMA GEMM needs 16-byte aligned operands")
         self.fn[self.grid](*args, *outs, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
         return outs
 
@@ -62,7 +68,7 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
         _debug(name, kernel.note)
         return kernel
     gen = generate_gemm(group, name)
-    configs = gemm_configs(gen.geometry)
+    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device))
     kernel.source, kernel.backend, kernel.config = gen.source, "triton", dict(configs[0], backend="triton")
     if not settings.use_triton or not (device.startswith("cuda") or interpreting()):
         kernel.note = "planned as a Triton GEMM; runs through the reference on this device"
@@ -115,6 +121,32 @@ def _choose(name: str, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]
 
     key = {"source": gen.source, "device": device, "torch": torch.__version__}
     return dict(autotune(name, key, candidates, bench).values)
+
+
+def _tma_available(device: str) -> bool:
+    """TMA descriptors: a Hopper-or-newer GPU (or the interpreter, which emulates them)."""
+    if interpreting():
+        return True
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(torch.device(device))[0] >= 9
+
+
+_ALLOCATOR_SET = False
+
+
+def _set_tma_allocator() -> None:
+    """Device-side TMA descriptors need scratch memory from an allocator Triton calls at launch."""
+    global _ALLOCATOR_SET
+    if _ALLOCATOR_SET:
+        return
+    import triton
+
+    def alloc(size: int, alignment: int, stream: Any) -> torch.Tensor:
+        return torch.empty(size, device="cuda", dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+    _ALLOCATOR_SET = True
 
 
 def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str) -> None:

@@ -58,6 +58,35 @@ class GeneratedGemm:
     inputs: list[Node]
     outputs: list[Node]
     geometry: GemmGeometry
+    tma: bool = False                    # the source has a TMA-descriptor path (USE_TMA)
+
+
+TmaOperand = tuple[str, str, str, str, bool]   # shape, strides, block shape, load offsets, transpose after load
+
+
+def tma_plan(geo: GemmGeometry, itemsize: int) -> tuple[TmaOperand, TmaOperand] | None:
+    """How A' and B' are read through TMA descriptors, or None when a layout does not allow it
+    (TMA needs a unit stride in the last dim and 16-byte aligned other strides)."""
+    def aligned(*strides: int) -> bool:
+        return all((st * itemsize) % 16 == 0 for st in strides)
+
+    sam, sak = geo.a_strides
+    sbk, sbn = geo.b_strides
+    if not aligned(*geo.a_batch, *geo.b_batch):
+        return None
+    if sak == 1 and sam != 0 and aligned(sam):
+        a: TmaOperand = ("[M, K]", f"[{sam}, 1]", "[BLOCK_M, BLOCK_K]", "[pid_m * BLOCK_M, k0]", False)
+    elif sam == 1 and sak != 0 and aligned(sak):
+        a = ("[K, M]", f"[{sak}, 1]", "[BLOCK_K, BLOCK_M]", "[k0, pid_m * BLOCK_M]", True)
+    else:
+        return None
+    if sbn == 1 and sbk != 0 and aligned(sbk):
+        b: TmaOperand = ("[K, N]", f"[{sbk}, 1]", "[BLOCK_K, BLOCK_N]", "[k0, pid_n * BLOCK_N]", False)
+    elif sbk == 1 and sbn != 0 and aligned(sbn):
+        b = ("[N, K]", f"[{sbn}, 1]", "[BLOCK_N, BLOCK_K]", "[pid_n * BLOCK_N, k0]", True)
+    else:
+        return None
+    return a, b
 
 
 def gemm_geometry(matmul: Node) -> GemmGeometry:
@@ -104,8 +133,9 @@ def gemm_supported(group: MatmulGroup) -> str | None:
     return None
 
 
-def gemm_configs(geometry: GemmGeometry) -> list[dict[str, Any]]:
-    """Tile candidates clipped to the problem (tl.dot needs every tile side >= 16)."""
+def gemm_configs(geometry: GemmGeometry, tma: bool = False) -> list[dict[str, Any]]:
+    """Tile candidates clipped to the problem (tl.dot needs every tile side >= 16); with `tma`, the
+    first three tiles again reading through TMA descriptors."""
     cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
     out: list[dict[str, Any]] = []
     for bm, bn, bk, gm, warps, stages in GEMM_TILES:
@@ -113,6 +143,8 @@ def gemm_configs(geometry: GemmGeometry) -> list[dict[str, Any]]:
                "num_warps": warps if min(bm, cap_m) * min(bn, cap_n) >= 128 * 128 else 4, "num_stages": stages}
         if cfg not in out:
             out.append(cfg)
+    if tma:
+        out += [dict(c, USE_TMA=True) for c in out[:3]]
     return out
 
 
@@ -122,7 +154,7 @@ def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tu
     bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
     grid = (-(-geometry.m // bm) * -(-geometry.n // bn), max(1, geometry.batch_numel))
     consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
-              "EVEN_K": geometry.k % bk == 0}
+              "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
     return grid, consts, int(config.get("num_warps", 4)), int(config.get("num_stages", 3))
 
 
@@ -175,7 +207,7 @@ class _GemmWriter(_Writer):
         a, b = mm.inputs
         pa, pb = self.ptr[a.id], self.ptr[b.id]
         args = [self.ptr[n.id] for n in self.kernel_inputs] + list(self.out_ptr.values())
-        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K"]
+        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "USE_TMA"]
         head = [f"@triton.jit\ndef {self.name}({', '.join(args + [f'{c}: tl.constexpr' for c in consts])}):"]
         e = self.emit
         e(f"M, N, K = {geo.m}, {geo.n}, {geo.k}")
@@ -208,16 +240,31 @@ class _GemmWriter(_Writer):
         e(f"b_ptrs = {pb} + {b_base} + rk[:, None] * {sbk} + safe_n * {sbn}")
         e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
-        e("for k0 in range(0, K, BLOCK_K):")
-        e("if EVEN_K:", 2)
-        e("a = tl.load(a_ptrs)", 3)
-        e("b = tl.load(b_ptrs)", 3)
-        e("else:", 2)
-        e("a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)", 3)
-        e("b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)", 3)
-        e(f"acc = tl.dot(a, b, acc{precision})", 2)
-        e(f"a_ptrs += BLOCK_K * {sak}", 2)
-        e(f"b_ptrs += BLOCK_K * {sbk}", 2)
+        tma = tma_plan(geo, dtypes.itemsize(a.dtype))
+        inner = 1
+        if tma is not None:  # TMA descriptors (Hopper): tiles land in shared memory, edges zero-filled
+            inner = 2
+            e("if USE_TMA:")
+            (a_shape, a_strides, a_block, a_at, a_trans), (b_shape, b_strides, b_block, b_at, b_trans) = tma
+            e(f"a_desc = tl.make_tensor_descriptor({pa} + {a_base}, shape={a_shape}, strides={a_strides}, "
+              f"block_shape={a_block})", 2)
+            e(f"b_desc = tl.make_tensor_descriptor({pb} + {b_base}, shape={b_shape}, strides={b_strides}, "
+              f"block_shape={b_block})", 2)
+            e("for k0 in range(0, K, BLOCK_K):", 2)
+            e(f"a = {'tl.trans(' if a_trans else ''}a_desc.load({a_at}){')' if a_trans else ''}", 3)
+            e(f"b = {'tl.trans(' if b_trans else ''}b_desc.load({b_at}){')' if b_trans else ''}", 3)
+            e(f"acc = tl.dot(a, b, acc{precision})", 3)
+            e("else:")
+        e("for k0 in range(0, K, BLOCK_K):", inner)
+        e("if EVEN_K:", inner + 1)
+        e("a = tl.load(a_ptrs)", inner + 2)
+        e("b = tl.load(b_ptrs)", inner + 2)
+        e("else:", inner + 1)
+        e("a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)", inner + 2)
+        e("b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)", inner + 2)
+        e(f"acc = tl.dot(a, b, acc{precision})", inner + 1)
+        e(f"a_ptrs += BLOCK_K * {sak}", inner + 1)
+        e(f"b_ptrs += BLOCK_K * {sbk}", inner + 1)
         if mm.dtype in ("float16", "bfloat16"):  # the product is a 16-bit value, as in the reference
             e(f"acc_out = acc.to({TL_DTYPE[mm.dtype]}).to(tl.float32)")
         else:
@@ -228,7 +275,7 @@ class _GemmWriter(_Writer):
         for entry in self.group.stores:
             self.store(entry, "mask", dimvar, 1)
         source = HEADER + "\n".join(head + self.lines) + "\n"
-        return GeneratedGemm(self.name, source, self.kernel_inputs, self.outputs, geo)
+        return GeneratedGemm(self.name, source, self.kernel_inputs, self.outputs, geo, tma=tma is not None)
 
     def _batch_indices(self) -> list[str]:
         """Scalar index per output batch dim, from program_id(1) (row-major over the batch)."""
@@ -262,5 +309,3 @@ def _batch_offset(batch_vars: list[str], strides: tuple[int, ...]) -> str:
     terms = [f"{v} * {s}" for v, s in zip(batch_vars, strides, strict=True) if s != 0]
     return " + ".join(terms) or "0"
 
-
-_ = dtypes
