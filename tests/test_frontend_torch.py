@@ -278,6 +278,20 @@ def test_recompiles_on_new_shape_and_logs_what_changed(capsys):
     assert "[fusegraph] recompile 1" in capsys.readouterr().err
 
 
+def test_dynamic_dims_compile_once_per_shape_bucket():
+    # dynamic=None is torch.compile's default: after one shape change dynamo traces with symbolic dims;
+    # the backend then compiles each concrete shape once (a bucket) instead of running eagerly
+    model = MLP()
+    compiled = fg.compile(model, dynamic=None)
+    with torch.no_grad():
+        for rows in (4, 5, 6, 5):
+            x = rand(rows, 8)
+            assert_close(compiled(x), model(x))
+    report = compiled.fusegraph_report
+    assert sum("shape bucket" in line for line in report.recompiles) == 2, report.recompiles   # rows 5 and 6
+    assert len(report.graphs) == 3 and report.fallback_ops == {}
+
+
 def test_max_recompiles_then_eager():
     model = MLP()
     compiled = fg.compile(model)

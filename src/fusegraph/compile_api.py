@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 
 
 def compile(model: Any, mode: str = "default", options: dict[str, Any] | None = None, *,
-            dynamic: bool = False, fullgraph: bool = False) -> Any:
+            dynamic: bool | None = False, fullgraph: bool = False) -> Any:
     """torch.compile(model) with fusegraph as the backend. Static shapes by default (dynamic=False):
-    a new input shape recompiles, up to settings.max_recompiles per frame. The compiled object's
-    `fusegraph_report` describes every graph compiled so far."""
+    a new input shape recompiles, up to settings.max_recompiles per frame. With dynamic=None (torch's
+    default) a graph that dynamo traces with symbolic dims is compiled once per concrete shape at
+    its first call. The compiled object's `fusegraph_report` describes every graph compiled so far."""
     from .frontends.torch_backend import Session
 
     session = Session(mode, options)

@@ -114,8 +114,37 @@ class Session:
 
     # ---- the dynamo backend ----
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if _is_symbolic(example_inputs):
+            return self._per_shape(gm)
         if not self._admit(example_inputs):
             return gm.forward
+        return self._compile_static(gm, example_inputs)
+
+    def _per_shape(self, gm: torch.fx.GraphModule) -> Callable[..., Any]:
+        """A graph traced with dynamic dims: compiled once per concrete input shape ("bucket") at its
+        first call, up to settings.max_recompiles buckets; further shapes run eagerly in torch."""
+        buckets: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+        def run(*args: Any) -> Any:
+            key = tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+            fn = buckets.get(key)
+            if fn is None:
+                if len(buckets) > settings.max_recompiles:
+                    self._warn_once(f"<buckets {id(gm)}>", f"fusegraph: more than {settings.max_recompiles} "
+                                    "shapes of a dynamic graph (FUSEGRAPH_MAX_RECOMPILES); new shapes run eagerly")
+                    fn = gm.forward
+                else:
+                    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+                    line = f"dynamic graph: compiling shape bucket {len(buckets)} for input shapes {shapes}"
+                    self.report.recompiles.append(line)
+                    log(line)
+                    fn = self._compile_static(gm, list(args))
+                buckets[key] = fn
+            return fn(*args)
+
+        return run
+
+    def _compile_static(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
 
         backend = aot_autograd(fw_compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"),
@@ -186,6 +215,15 @@ class Session:
                 return False
         seen.append(signature)
         return True
+
+
+def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt | torch.SymFloat):
+            return True
+        if isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape):
+            return True
+    return False
 
 
 def _describe_change(old: list[tuple[tuple[int, ...], torch.dtype]],
