@@ -256,3 +256,19 @@ def test_generated_run_path_equals_the_step_by_step_one() -> None:
     for a, b in zip(fast, slow, strict=True):
         assert torch.equal(a, b)
     assert fast[1] is not t and torch.equal(fast[1], t)
+
+
+def test_constants_are_made_once_and_outputs_do_not_alias_them() -> None:
+    g = fg.Graph("consts")
+    x = g.tensor((M, N), "float32", "x")
+    c = g.constant(torch.arange(N, dtype=torch.float32))
+    g.mul(x, c).set_output()
+    c.set_output()
+    plan = g.build()
+    assert [k.kind for k in plan.kernels].count("constant") == 1
+    t = rand(M, N)
+    y, c1 = plan(t)
+    assert_close(y, t * torch.arange(N, dtype=torch.float32))
+    c1.zero_()                                  # the user's copy, not the plan's constant
+    y2, c2 = plan(t)
+    assert torch.equal(c2, torch.arange(N, dtype=torch.float32)) and torch.equal(y, y2)

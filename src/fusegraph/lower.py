@@ -23,7 +23,7 @@ from .fusion.partition import KernelGroup, RowColumnGroup, is_literal, partition
 from .ir import dtypes
 from .ir.graph import Graph
 from .ir.node import Node
-from .ir.registry import Cost, get_op
+from .ir.registry import RANDOM, Cost, get_op
 from .reference import run_node
 from .runtime.kernel import Kernel
 from .runtime.launch import TritonLaunch
@@ -34,10 +34,18 @@ class FusionFallbackWarning(UserWarning):
     """A fused kernel could not be generated or compiled; it runs through the reference."""
 
 
-def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note: str = "") -> Kernel:
-    """A kernel that runs one node with its reference implementation (also the eager fallback)."""
+def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note: str = "",
+                device: str | None = None) -> Kernel:
+    """A kernel that runs one node with its reference implementation (also the eager fallback).
+    Sources (constants, scalars) are made once, on `device`, at build time."""
     inputs = tuple(i for i in node.inputs)
     opdef = get_op(node.op)
+    if not node.inputs and device is not None and not node.multi_output and not opdef.has(RANDOM):
+        value = run_node(node, [], compute_dtype, torch.device(device))
+        value = value.to(device) if isinstance(value, torch.Tensor) else value
+        return Kernel(name=f"constant_{node.name}", kind="constant", backend="reference", nodes=(node,),
+                      inputs=(), outputs=(node,), cost=Cost(0, 0), launch=lambda args: [value],
+                      source=f"# {node.op}: made once at build time", note=note)
     dense = None if node.multi_output else node.spec.memory_strides
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
@@ -75,7 +83,8 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
             kernels.append(conv_group_kernel(item, f"fg_k{k}_conv", graph.compute_dtype, device, options))
         elif isinstance(item, Node):
             kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
-                           or node_kernel(item, graph.compute_dtype, note="no code generation for this op"))
+                           or node_kernel(item, graph.compute_dtype, note="no code generation for this op",
+                                          device=device))
         elif isinstance(item, RowColumnGroup):
             kernels.extend(row_column_kernels(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device,
                                               options))

@@ -62,8 +62,8 @@ class Plan:
             args = "".join(f"s{i}, " for i in ins)
             lines.append(f"    {''.join(f's{o}, ' for o in outs)}= L{k}(({args}))")
             lines += [f"    s{i} = None" for i in frees]
-        seen: set[int] = set()
-        results = []
+        seen: set[int] = {o for kernel, _, outs in self._schedule if kernel.kind == "constant" for o in outs}
+        results = []   # inputs, repeated outputs and build-time constants are copied
         for slot in self._out_slots:
             results.append(f"s{slot}.clone()" if slot < n_in or slot in seen else f"s{slot}")
             seen.add(slot)
