@@ -115,7 +115,10 @@ def reference_launch(group: KernelGroup, compute_dtype: str) -> Any:
         for n in literals:
             env[n.id] = run_node(n, [], compute_dtype, device)
         for n in nodes:
-            env[n.id] = run_node(n, [env[i.id] for i in n.inputs], compute_dtype, device)
+            value = run_node(n, [env[i.id] for i in n.inputs], compute_dtype, device)
+            if not n.inputs and device is not None:   # generators (iota) are made on the CPU
+                value = value.to(device)
+            env[n.id] = value
         return [env[o.id].contiguous() for o in outputs]
 
     return launch
