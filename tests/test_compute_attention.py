@@ -135,3 +135,22 @@ def test_attention_match_leaves_probabilities_that_are_used_elsewhere() -> None:
     rewritten = attention_match(g.to_ir())
     assert "scaled_dot_product_attention" not in [n.op for n in rewritten.nodes]
     assert "softmax" in [n.op for n in rewritten.nodes]
+
+
+def test_torch_sdpa_candidate_gives_zero_rows_where_a_bool_mask_hides_every_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fusegraph.backends.attention_kernel as ak
+    import fusegraph.backends.cudnn as cudnn
+
+    def math_sdpa(q, k, v, mask, causal, scale, backend):  # type: ignore[no-untyped-def]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    monkeypatch.setattr(cudnn, "torch_sdpa", math_sdpa)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    mask = torch.rand(1, 1, 4, 6) > 0.5
+    mask[0, 0, 1] = False
+    p = AttentionProblem(1, 2, 2, 4, 6, 8, 8, False, 2, 0.35, torch.float32)
+    (out,) = ak._torch_forward(None, p, "math")([q, k, v, mask])  # type: ignore[arg-type]
+    ref = _sdpa_math([q, k, v, mask], {"has_mask": True, "scale": 0.35})
+    assert torch.isfinite(out).all()
+    assert_close(out, ref, tol=1e-5)

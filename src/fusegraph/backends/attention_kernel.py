@@ -61,7 +61,10 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         for config in attention_configs(problem):
             label = "triton:" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
             candidates[label] = (_triton_backward if backward else _triton_forward)(node, problem, config)
-    if device.startswith("cuda") and not node.attrs.get("return_lse", False):
+    # torch's kernels give NaN where a boolean mask hides every key of a query (we give 0): the
+    # forward fixes those rows up, the backward (NaN would reach dk/dv) does not use torch then
+    torch_ok = not node.attrs.get("return_lse", False) and not (backward and problem.mask_kind == 2)
+    if device.startswith("cuda") and torch_ok:
         for backend in cudnn.SDPA_BACKENDS:
             candidates[f"torch:{backend}"] = (_torch_backward if backward else _torch_forward)(node, problem, backend)
     runnable = device.startswith("cuda") or (interpreting() and settings.use_triton)
@@ -124,7 +127,10 @@ def _triton_backward(node: Node, p: AttentionProblem, config: dict[str, Any]) ->
 def _torch_forward(node: Node, p: AttentionProblem, backend: str) -> Any:
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
         mask = args[3] if p.mask_kind else None
-        return [cudnn.torch_sdpa(args[0], args[1], args[2], mask, p.causal, p.scale, backend)]
+        out = cudnn.torch_sdpa(args[0], args[1], args[2], mask, p.causal, p.scale, backend)
+        if mask is not None and mask.dtype == torch.bool:  # rows that see no key: 0, as our semantics
+            out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return [out]
 
     return launch
 
