@@ -34,7 +34,9 @@ def explain(model: Any, *inputs: Any, mode: str = "default", options: dict[str, 
             **kwargs: Any) -> CompileReport:
     """Compile `model` with fusegraph, run it once on `inputs`, and return the report: per ATen graph,
     the partitions compiled (ops, kernel count) and the ops that run eagerly in torch, with why.
-    A model compiled by fg.compile is explained from its original module/function."""
+    A model compiled by fg.compile is explained from its original module/function. With parameters
+    that require grad this is the training forward graph (the backward compiles at .backward());
+    call it under torch.no_grad() for the inference graph."""
     from .frontends.torch_backend import Session
 
     original = getattr(model, "_orig_mod", model)

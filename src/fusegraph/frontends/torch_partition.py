@@ -248,9 +248,9 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
             record.fallbacks[(op_name(node), reason)] += 1
     if not partitions:
         return gm, record
-    split = partitioner.fuse_partitions(partitions, prefix="fusegraph_")
+    split = partitioner.fuse_partitions(partitions)   # submodules fused_0, fused_1, ... (every torch version)
     for node in list(split.graph.nodes):
-        if node.op != "call_module" or not str(node.target).startswith("fusegraph_"):
+        if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
         sub = getattr(split, str(node.target))
         ops = Counter(op_name(n) for n in sub.graph.nodes
