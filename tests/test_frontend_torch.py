@@ -161,6 +161,24 @@ def test_transformer_block_training_gradients_match_eager():
     assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
 
 
+def test_views_of_inputs_saved_for_backward_are_not_copied(monkeypatch):
+    # the forward saves t(weight) for the backward: it must stay a view, not a Plan output re-strided by a copy
+    from fusegraph.frontends import torch_partition
+
+    copies = []
+    original = torch_partition._with_strides
+
+    def counting(out, val):
+        result = original(out, val)
+        if result is not out:
+            copies.append(tuple(out.shape))
+        return result
+
+    monkeypatch.setattr(torch_partition, "_with_strides", counting)
+    _check_training(Block(), rand(2, 4, 16))
+    assert copies == []
+
+
 def test_conv_net_training_gradients_and_running_stats_match_eager():
     # no conv bias before a training-mode batch norm: its gradient is ~0 and only noise would be compared
     model, x = ConvNet(conv_bias=False), rand(2, 3, 8, 8)

@@ -133,6 +133,7 @@ class CompiledPartition(torch.nn.Module):
         self._warn = warn
         self.plan: Any = None
         self._outputs: list[tuple[str, int]] = []
+        self._views: list[tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]] = []
         self._out_vals: list[Any] = []
         try:
             self._build(input_vals, build_options)
@@ -185,6 +186,11 @@ class CompiledPartition(torch.nn.Module):
             if value.node.id in inputs:
                 self._outputs.append(("input", inputs.index(value.node.id)))
                 continue
+            chain = _view_chain(out, placeholders)
+            if chain is not None:  # e.g. a transposed weight saved for the backward: a view, not a copy
+                self._outputs.append(("view", len(self._views)))
+                self._views.append(chain)
+                continue
             if all(value is not t for t in plan_outputs):
                 plan_outputs.append(value)
             self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
@@ -201,9 +207,36 @@ class CompiledPartition(torch.nn.Module):
         except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
             self._fall_back(f"run failed: {type(err).__name__}: {err}")
             return self.eager(*args)
-        outs = [args[i] if kind == "input" else results[i] for kind, i in self._outputs]
+        outs = [args[i] if kind == "input" else results[i] if kind == "plan" else _replay(self._views[i], args)
+                for kind, i in self._outputs]
         outs = [_with_strides(o, v) for o, v in zip(outs, self._out_vals, strict=True)]
         return outs[0] if self._single else tuple(outs)
+
+
+# View ops replayed by torch on a partition input when their result is a partition output.
+REPLAYABLE_VIEWS = VIEW_OPS - {aten.clone.default, operator.getitem}
+
+
+def _view_chain(node: torch.fx.Node, placeholders: Sequence[torch.fx.Node]
+                ) -> tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]] | None:
+    """(input index, [(view op, other args, kwargs), ...]) when `node` is views of a partition input."""
+    chain = []
+    while node.op == "call_function" and node.target in REPLAYABLE_VIEWS and isinstance(node.args[0], torch.fx.Node):
+        if any(isinstance(a, torch.fx.Node) for a in node.args[1:]) or node.kwargs:
+            return None
+        chain.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
+        node = node.args[0]
+    if node.op != "placeholder" or not chain:
+        return None
+    return placeholders.index(node), chain[::-1]
+
+
+def _replay(view: tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]], args: Sequence[Any]) -> Any:
+    index, chain = view
+    value = args[index]
+    for op, rest, kwargs in chain:
+        value = op(value, *rest, **kwargs)
+    return value
 
 
 def _with_strides(out: torch.Tensor, val: Any) -> torch.Tensor:
