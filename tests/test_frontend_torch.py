@@ -359,12 +359,16 @@ def test_translated_op_mix_matches_eager():
         y = torch.where(x > 0, x, x * 0.5) - x.amax(dim=-1, keepdim=True)
         y = torch.cat([y, e], dim=-1)[:, 1:9]                          # cat + slice
         z = y.var(dim=0, keepdim=True) + y[2] + torch.full((1, 8), 0.25)
-        return F.log_softmax(z.unsqueeze(0).squeeze(0) * F.silu(y), dim=-1) + y.sigmoid().mean()
+        out = F.log_softmax(z.unsqueeze(0).squeeze(0) * F.silu(y), dim=-1) + y.sigmoid().mean()
+        return out + F.normalize(y, dim=-1) * y.sign()
 
     x, idx, table = rand(4, 5), torch.tensor([1, 0, 3, 2]), rand(4, 6)
     compiled = fg.compile(f)
     assert_close(compiled(x, idx, table), f(x, idx, table))
-    assert compiled.fusegraph_report.fallback_ops == {}
+    report = compiled.fusegraph_report
+    assert report.fallback_ops == {}
+    assert {"aten.linalg_vector_norm.default", "aten.sign.default", "aten.embedding.default",
+            "aten.cat.default", "aten.var.correction", "aten.where.self"} <= report.compiled_ops
 
 
 class PoolNet(nn.Module):

@@ -419,6 +419,23 @@ def _max_dim(cx: Ctx, x: Any, dim: int, keepdim: bool = False) -> Any:
     return (reduce(x, (dim % len(x.shape),), keepdim), None)
 
 
+@translates(aten.sign.default, supports=lambda n: None if _is_float_node(n) else "sign of an integer tensor")
+def _sign(cx: Ctx, x: Any) -> Any:
+    return cx.g.where(cx.g.gt(x, 0.0), 1.0, cx.g.where(cx.g.lt(x, 0.0), -1.0, cx.g.mul(x, 0.0)))
+
+
+def _is_float_node(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+@translates(aten.linalg_vector_norm.default,
+            supports=lambda n: None if (n.args[1] if len(n.args) > 1 else n.kwargs.get("ord", 2)) == 2
+            and not n.kwargs.get("dtype") else "a norm other than the 2-norm")
+def _vector_norm(cx: Ctx, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    return cx.g.norm2(x, _dims(dim, len(x.shape)), keepdim)
+
+
 def native_ops() -> set[Any]:
     """The overload packets that are translated natively (not to be decomposed by AOTAutograd)."""
     return {op.overloadpacket for op in TRANSLATORS if hasattr(op, "overloadpacket")}
