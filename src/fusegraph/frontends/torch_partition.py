@@ -86,8 +86,20 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         problem = problem or _value_problem(arg.meta.get("val"))
     if problem:
         return problem
+    devices = {v.device.type for v in _tensor_vals(node)}
+    if len(devices) > 1:
+        return f"tensors on several devices ({', '.join(sorted(devices))}), e.g. a CPU scalar tensor"
     check = SUPPORTS.get(node.target)
     return check(node) if check is not None else None
+
+
+def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    flat: list[torch.Tensor] = []
+    for v in vals:
+        items = v if isinstance(v, list | tuple) else [v]
+        flat.extend(t for t in items if isinstance(t, torch.Tensor))
+    return flat
 
 
 class _Support(OperatorSupportBase):
