@@ -52,7 +52,7 @@ def _batch_norm_eval(cx: Ctx, x: Any, weight: Any, bias: Any, running_mean: Any,
 
 @translates(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.no_stats,
             aten._native_batch_norm_legit.default,
-            supports=lambda n: None if _bn_training(n) else "eval-mode call of a training batch-norm op")
+            supports=lambda n: _bn_training_problem(n))
 def _batch_norm_train(cx: Ctx, x: Any, weight: Any, bias: Any, *args: Any) -> Any:
     """Batch statistics: (out, save_mean, save_invstd[, new_running_mean, new_running_var]).
     The _legit.default form updates running stats in place; AOTAutograd functionalizes that into
@@ -71,12 +71,11 @@ def _batch_norm_train(cx: Ctx, x: Any, weight: Any, bias: Any, *args: Any) -> An
     return (out, mean, invstd, new_mean, new_var)
 
 
-def _bn_training(node: torch.fx.Node) -> bool:
+def _bn_training_problem(node: torch.fx.Node) -> str | None:
     if node.target is aten._native_batch_norm_legit.default:
-        return False  # mutates running stats in place: only its functionalized form is translated
-    if node.target is aten._native_batch_norm_legit.no_stats:
-        return bool(node.args[3])
-    return bool(node.args[5])
+        return "updates running statistics in place (only the functionalized form is translated)"
+    training = node.args[3] if node.target is aten._native_batch_norm_legit.no_stats else node.args[5]
+    return None if training else "batch statistics off without running statistics"
 
 
 # ---------------- linear algebra ----------------
