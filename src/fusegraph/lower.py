@@ -158,7 +158,7 @@ def fused_kernel(group: KernelGroup, name: str, compute_dtype: str, device: str,
         return kernel
     try:
         fns = [load_triton_function(gen.source, fn_name) for fn_name in (name, gen.finish_name) if fn_name]
-        config = _choose_config(fns, gen, candidates, device, options)
+        config = _choose_config(fns, gen, candidates, device, options, kernel)
         launcher = _launcher(fns, gen, config, device, fast=options.get("fast_launch", True))
         if options.get("check_compile", True) and not interpreting():
             _compile_and_check(launcher, _example_inputs(gen.inputs, device))
@@ -204,9 +204,10 @@ def _launcher(fns: list[Any], gen: Any, config: dict[str, Any], device: str, fas
 
 
 def _choose_config(fns: list[Any], gen: Any, candidates: list[dict[str, Any]], device: str,
-                   options: dict[str, Any]) -> dict[str, Any]:
+                   options: dict[str, Any], kernel: Kernel) -> dict[str, Any]:
     try:
-        from .tune import Config, autotune
+        from .tune import Config, tune
+        from .tune.autotuner import floor_ms_of, summary
     except ImportError:
         return candidates[0]
     if not device.startswith("cuda") or not settings.autotune or len(candidates) == 1:
@@ -220,8 +221,9 @@ def _choose_config(fns: list[Any], gen: Any, candidates: list[dict[str, Any]], d
         return bench_ms(lambda: launcher(args))
 
     key = {"source": gen.source, "device": device}
-    chosen = autotune(gen.name, key, [Config(c) for c in candidates], bench)
-    return dict(chosen.values)
+    result = tune(gen.name, key, [Config(c) for c in candidates], bench, floor_ms=floor_ms_of(kernel))
+    kernel.tuning = summary(result, len(candidates))  # where the choice (and the build time) came from
+    return dict(result.config.values)
 
 
 def _example_inputs(nodes: Sequence[Node], device: str) -> list[torch.Tensor]:

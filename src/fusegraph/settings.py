@@ -92,6 +92,12 @@ _register("verify", bool, lambda: False,
           "Run the IR verifier between passes (always on when debug >= 1).")
 _register("autotune", bool, lambda: True,
           "Time candidate configurations on the GPU; off picks the cost model's first choice.")
+_register("tune_min_floor_us", int, lambda: 10,
+          "Kernels whose cost-model floor is under this many microseconds are launch-bound: they are not "
+          "timed, the cost model's first candidate is used. 0 times every kernel.")
+_register("compile_threads", int, lambda: 0,
+          "Threads that compile a kernel's candidate configurations in parallel before timing "
+          "(0: one per CPU core, at most 16; 1: one after another).")
 _register("use_triton", bool, lambda: True,
           "Lower fused kernels to generated Triton code (GPU, or CPU under TRITON_INTERPRET=1).")
 _register("cuda_graphs", bool, lambda: True,

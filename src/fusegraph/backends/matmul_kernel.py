@@ -1,10 +1,16 @@
 """The Kernel of a MatmulGroup: candidates are the generated Triton GEMM (one per tile config)
 and cuBLAS (torch.matmul + the epilogue as a second launch); the autotuner picks per shape on a
-GPU. Without timing, the first candidate wins: the fused Triton GEMM when it covers the group."""
+GPU. Without timing, the first candidate wins: the fused Triton GEMM when it covers the group.
+
+Build time: gemm_configs keeps few candidates (by the cost model and the shape), a launch-bound
+GEMM (floor under settings.tune_min_floor_us) is not timed, the kept Triton candidates compile in
+parallel before timing (tune/precompile.py), and the epilogue kernel of the cuBLAS candidate is
+only generated when cuBLAS is timed or chosen. Kernel.tuning records where the time went."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +48,16 @@ class GemmLaunch:
         if self.uses_tma and self.device.type == "cuda":
             _set_tma_allocator()
 
+    def warmup_job(self, args: Sequence[torch.Tensor]) -> Any:
+        """A call that makes Triton compile this config without launching it (tune/precompile.py)."""
+        outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
+
+        def job() -> Any:
+            return self.fn.warmup(*args, *outs, grid=self.grid, **self.constexprs, num_warps=self.num_warps,
+                                  num_stages=self.num_stages)
+
+        return job
+
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
         if self.uses_tma and any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
@@ -52,25 +68,56 @@ class GemmLaunch:
         return outs
 
 
+class _LazyEpilogue:
+    """The group's epilogue as our generated kernel, built on first use: only the cuBLAS candidate
+    needs it, and generating (and tuning) it costs build time when cuBLAS is never timed."""
+
+    def __init__(self, group: MatmulGroup, name: str, compute_dtype: str, device: str,
+                 options: dict[str, Any]) -> None:
+        self.args = (group.epilogue, f"{name}_epilogue", compute_dtype, device, options)
+        self.kernel: Kernel | None = None
+
+    def build(self) -> Kernel:
+        if self.kernel is None:
+            from ..lower import fused_kernel  # lower imports this module
+            self.kernel = fused_kernel(*self.args)
+        return self.kernel
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        return self.build().launch(args)
+
+
 def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, device: str,
                         options: dict[str, Any]) -> Kernel:
-    from ..lower import fused_kernel, reference_launch  # lower imports this module
+    from ..lower import reference_launch  # lower imports this module
 
+    start = time.perf_counter()
     cost = matmul_group_cost(group)
     identity = not group.epilogue_nodes
-    epilogue_kernel = None if identity else fused_kernel(group.epilogue, f"{name}_epilogue", compute_dtype,
-                                                        device, options)
-    library = cublas.cublas_launch(group, None if epilogue_kernel is None else epilogue_kernel.launch)
+    epilogue = None if identity else _LazyEpilogue(group, name, compute_dtype, device, options)
+    library = cublas.cublas_launch(group, epilogue)
     kernel = Kernel(name=name, kind="matmul", backend="cublas", nodes=tuple(group.nodes),
                     inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
                     source=cublas.describe(group))
+    kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch)
+    if kernel.backend == "cublas" and epilogue is not None and device.startswith("cuda"):
+        epilogue.build()  # generated and compiled now, not at the first call (or in a CUDA-graph capture)
+    kernel.tuning = dict(kernel.tuning or {"source": "default", "seconds": 0.0, "candidates": 1},
+                         build_s=round(time.perf_counter() - start, 4))
+    return kernel
+
+
+def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
+                   library: Any, reference_launch: Any) -> Kernel:
+    identity = not group.epilogue_nodes
     why = gemm_supported(group)
     if why is not None:
         kernel.note = f"cuBLAS only: {why}"
         _debug(name, kernel.note)
         return kernel
     gen = generate_gemm(group, name)
-    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device))
+    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
+                           itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype))
     kernel.source, kernel.backend, kernel.config = gen.source, "triton", dict(configs[0], backend="triton")
     if not settings.use_triton or not (device.startswith("cuda") or interpreting()):
         kernel.note = "planned as a Triton GEMM; runs through the reference on this device"
@@ -83,7 +130,7 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
         kernel.note = f"Triton GEMM failed to load ({type(err).__name__}: {err}); cuBLAS"
         _debug(name, kernel.note)
         return kernel
-    choice = _choose(name, gen, fn, configs, library, device)
+    choice = _choose(kernel, gen, fn, configs, library, device)
     if choice.get("backend") == "cublas":
         kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
         kernel.note = "cuBLAS was faster for this shape" + ("" if identity else " (epilogue as a second launch)")
@@ -102,10 +149,15 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
     return kernel
 
 
-def _choose(name: str, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]], library: Any,
+def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]], library: Any,
             device: str) -> dict[str, Any]:
-    from ..tune import Config, autotune, bench_ms
+    """The config to run, by the autotuner (recorded in kernel.tuning). Triton candidates are checked
+    once against cuBLAS's result (one run each, the baseline computed once) before they are timed."""
+    from ..tune import Config, bench_ms, tune
+    from ..tune.autotuner import floor_ms_of, summary
+    from ..tune.precompile import compile_in_parallel
 
+    name = kernel.name
     candidates = [Config(dict(c, backend="triton")) for c in configs] + [Config(backend="cublas")]
     if not device.startswith("cuda"):
         return dict(candidates[0].values)
@@ -121,8 +173,22 @@ def _choose(name: str, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]
             check_same(launch(args), expected, f"{name} {config}")
         return bench_ms(lambda: launch(args))
 
+    def precompile(kept: Sequence[Config]) -> None:
+        compile_in_parallel([GemmLaunch(fn, gen, dict(c.values), device).warmup_job(args)
+                             for c in kept if c["backend"] == "triton"])
+
     key = {"source": gen.source, "device": device, "torch": torch.__version__}
-    return dict(autotune(name, key, candidates, bench).values)
+    result = tune(name, key, candidates, bench, floor_ms=floor_ms_of(kernel), precompile=precompile)
+    kernel.tuning = summary(result, len(candidates))
+    return dict(result.config.values)
+
+
+def _sm_count(device: str) -> int:
+    from ..codegen.matmul import SMS
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return SMS
+    return int(torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
 
 
 def _tma_available(device: str) -> bool:

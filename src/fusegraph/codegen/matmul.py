@@ -133,19 +133,61 @@ def gemm_supported(group: MatmulGroup) -> str | None:
     return None
 
 
-def gemm_configs(geometry: GemmGeometry, tma: bool = False) -> list[dict[str, Any]]:
-    """Tile candidates clipped to the problem (tl.dot needs every tile side >= 16); with `tma`, the
-    first three tiles again reading through TMA descriptors."""
+SMS = 132                   # streaming multiprocessors of an H100/H200, when no GPU says otherwise
+SMEM_BYTES = 232448         # shared memory one program may use on Hopper (227 KiB)
+SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill the GPU (+ cuBLAS: 4)
+LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 2 TMA + cuBLAS: 6)
+LARGE_PROBLEM_TMA = 2
+
+
+def gemm_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
+                 limit: bool = True) -> list[dict[str, Any]]:
+    """Tile candidates, best first by `tile_cost`, pruned to what is worth compiling.
+
+    Rules: tiles are clipped to the problem padded to a power of two (tl.dot needs every side >= 16)
+    and a clipped duplicate is dropped; num_stages is lowered until the operand pipeline fits in
+    shared memory (a config that cannot fit is dropped); candidates are ordered by `tile_cost`
+    (waves over `sms` x the work of one tile / its efficiency). With `limit`: a problem that 128x128
+    tiles do not spread over every SM keeps SMALL_PROBLEM_TRITON candidates, larger ones keep
+    LARGE_PROBLEM_TRITON; with `tma` the best LARGE_PROBLEM_TMA (small problems: 1) of those also
+    read through TMA descriptors (Hopper), within the same count for small problems."""
     cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
     out: list[dict[str, Any]] = []
+    tiles_seen: set[tuple[int, int, int]] = set()
     for bm, bn, bk, gm, warps, stages in GEMM_TILES:
-        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k), "GROUP_M": gm,
-               "num_warps": warps if min(bm, cap_m) * min(bn, cap_n) >= 128 * 128 else 4, "num_stages": stages}
-        if cfg not in out:
-            out.append(cfg)
-    if tma:
-        out += [dict(c, USE_TMA=True) for c in out[:3]]
-    return out
+        bm, bn, bk = min(bm, cap_m), min(bn, cap_n), min(bk, cap_k)
+        if (bm, bn, bk) in tiles_seen:
+            continue
+        while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
+            stages -= 1
+        if stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
+            continue
+        tiles_seen.add((bm, bn, bk))
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm,
+                    "num_warps": warps if bm * bn >= 128 * 128 else 4, "num_stages": stages})
+    out.sort(key=lambda c: tile_cost(geometry, c, sms))  # stable: ties keep GEMM_TILES' order
+    if not limit:
+        return out + ([dict(c, USE_TMA=True) for c in out[:3]] if tma else [])
+    if small_problem(geometry, sms):
+        keep = out[:SMALL_PROBLEM_TRITON - 1 if tma and len(out) > 1 else SMALL_PROBLEM_TRITON]
+        return keep + ([dict(keep[0], USE_TMA=True)] if tma else [])
+    keep = out[:LARGE_PROBLEM_TRITON]
+    return keep + ([dict(c, USE_TMA=True) for c in keep[:LARGE_PROBLEM_TMA]] if tma else [])
+
+
+def small_problem(geometry: GemmGeometry, sms: int = SMS) -> bool:
+    """True when 128x128 output tiles would leave some SMs without work."""
+    return -(-geometry.m // 128) * -(-geometry.n // 128) * max(1, geometry.batch_numel) < sms
+
+
+def tile_cost(geometry: GemmGeometry, config: dict[str, Any], sms: int = SMS) -> float:
+    """Relative time of a config: programs per SM (rounded up: the last wave counts whole) x the
+    multiply-adds of one tile / the tile's efficiency. Efficiency grows with the tile's operand
+    reuse BM*BN/(BM+BN) (FLOPs per byte loaded) up to that of a 128x128 tile."""
+    bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    tiles = -(-geometry.m // bm) * -(-geometry.n // bn) * max(1, geometry.batch_numel)
+    efficiency = min(1.0, (bm * bn / (bm + bn)) / 64.0)
+    return -(-tiles // sms) * bm * bn / efficiency
 
 
 def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tuple[

@@ -27,6 +27,9 @@ class Kernel:
     source: str = ""               # generated source (Triton), or a description of the library call
     config: dict[str, Any] = field(default_factory=dict)
     note: str = ""                 # why this backend was chosen / what fell back
+    # how the config was chosen: {"source": default|launch-bound|single|memo|cache|tuned,
+    # "seconds": tuning time, "candidates": how many, "build_s": the whole kernel's build time}
+    tuning: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ops(self) -> list[str]:

@@ -4,13 +4,19 @@
                    candidates, bench=lambda cfg: bench_ms(lambda: launch(cfg)), prune=too_big)
 
 Candidates come best-guess first (the cost model's order). Without timing (bench None,
-settings.autotune off, or no CUDA GPU) the first candidate is the answer. Otherwise the answer
-comes from, in order: this process's memo, the disk cache, or timing every candidate that
-`prune` keeps (`prune(cfg)` True means "do not try this one"); the timed choice is written to the cache.
+settings.autotune off, or no CUDA GPU) the first candidate is the answer. A kernel whose cost-model
+floor (`floor_ms`) is under settings.tune_min_floor_us (10 us) is launch-bound: candidates differ
+by a few microseconds at most, less than compiling one more candidate costs, so the first
+candidate is the answer ("launch-bound"). Otherwise the answer comes from, in order: this
+process's memo, the disk cache, or timing every candidate that `prune` keeps (`prune(cfg)` True
+means "do not try this one"); the timed choice is written to the cache. Before timing,
+`precompile(kept)` may compile all kept candidates at once (in parallel: tune/precompile.py).
+`TuneResult.seconds` is what the call cost, so plans can show where build time went.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -28,15 +34,17 @@ from .progress import TuningProgress
 
 BenchFn = Callable[[Config], float]
 PruneFn = Callable[[Config], bool]
+PrecompileFn = Callable[[Sequence[Config]], Any]
 
 
 @dataclass(frozen=True)
 class TuneResult:
     """The chosen config and where it came from."""
     config: Config
-    source: str                      # default | single | memo | cache | tuned
+    source: str                      # default | launch-bound | single | memo | cache | tuned
     timings: tuple[Timing, ...] = ()
     key_digest: str | None = None    # names the cache file; None when nothing was keyed
+    seconds: float = 0.0             # wall time of this tune() call (precompile + timing + cache)
 
     def __str__(self) -> str:
         return f"{self.config} ({self.source})"
@@ -53,14 +61,50 @@ def clear_memo() -> None:
 
 
 def autotune(name: str, key: Mapping[str, Any], candidates: Sequence[Config], bench: BenchFn | None, *,
-             prune: PruneFn | None = None) -> Config:
+             prune: PruneFn | None = None, floor_ms: float | None = None,
+             precompile: PrecompileFn | None = None) -> Config:
     """The fastest candidate for `key` on this GPU (see the module doc); candidates[0] without timing."""
-    return tune(name, key, candidates, bench, prune=prune).config
+    return tune(name, key, candidates, bench, prune=prune, floor_ms=floor_ms, precompile=precompile).config
+
+
+def launch_bound(floor_ms: float | None) -> bool:
+    """True when a kernel with this cost-model floor is not worth timing (see the module doc)."""
+    return floor_ms is not None and floor_ms * 1e3 < settings.tune_min_floor_us
+
+
+def floor_ms_of(kernel: Any) -> float | None:
+    """The kernel's cost-model floor in ms on the present GPU's datasheet spec (H200 without one):
+    datasheet, not calibrated, so the same plan gets the same tuning decisions on every machine."""
+    try:
+        from ..perf.roofline import kernel_floor
+        return kernel_floor(kernel, _datasheet_spec()).seconds * 1e3
+    except Exception:  # a kernel the cost model cannot price is simply tuned
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _datasheet_spec() -> Any:
+    from ..perf.calibrate import effective_spec
+    return effective_spec(use_calibration=False)
+
+
+def summary(result: TuneResult, candidates: int) -> dict[str, Any]:
+    """What a Kernel records of its tuning (Kernel.tuning): where the choice came from, seconds, count."""
+    return {"source": result.source, "seconds": round(result.seconds, 4), "candidates": candidates}
 
 
 def tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mapping[str, Any]],
-         bench: BenchFn | None, *, prune: PruneFn | None = None) -> TuneResult:
-    """`autotune` returning a `TuneResult` (the config, its source, and the timings behind it)."""
+         bench: BenchFn | None, *, prune: PruneFn | None = None, floor_ms: float | None = None,
+         precompile: PrecompileFn | None = None) -> TuneResult:
+    """`autotune` returning a `TuneResult` (the config, its source, the timings behind it, the seconds spent)."""
+    start = time.perf_counter()
+    result = _tune(name, key, candidates, bench, prune, floor_ms, precompile)
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+def _tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mapping[str, Any]],
+          bench: BenchFn | None, prune: PruneFn | None, floor_ms: float | None,
+          precompile: PrecompileFn | None) -> TuneResult:
     configs = [c if isinstance(c, Config) else Config(c) for c in candidates]
     if not configs:
         raise ValueError(f"autotune {name!r}: no candidate configurations given")
@@ -71,6 +115,8 @@ def tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mappin
         return TuneResult(configs[0], "default")
 
     kept = _unique([c for c in configs if prune is None or not prune(c)]) or configs[:1]
+    if launch_bound(floor_ms):
+        return TuneResult(kept[0], "launch-bound")
     if len(kept) == 1:
         return TuneResult(kept[0], "single")
 
@@ -87,6 +133,12 @@ def tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mappin
         result = TuneResult(entry.config, "cache", entry.timings, digest)
     else:
         start = time.perf_counter()
+        if precompile is not None:
+            try:
+                precompile(kept)
+            except Exception as err:  # each candidate still compiles (or fails) when it is timed
+                if settings.debug >= 1:
+                    print(f"[fusegraph] {name}: parallel precompile failed: {_describe(err)}", file=sys.stderr)
         timings = _time_candidates(name, key, kept, bench)
         best = min((t for t in timings if t.ms is not None), key=lambda t: t.ms or 0.0)
         tuning_s = time.perf_counter() - start

@@ -1,8 +1,10 @@
 """`bench_ms`: the median time of one call, measured as /work/.library/device/METHOD.md says.
 
-On a CUDA GPU: device time from events around each call (triton.testing.do_bench when Triton is
-installed, else the same protocol here): one call first (compilation, module load), an estimate,
-`warmup_ms` of warm-up, then calls for about `rep_ms`, each after flushing L2, and the median.
+On a CUDA GPU: device time from CUDA events around each call, each after flushing L2, and the
+median. By default the number of calls scales with the kernel's duration (`short_budget`): after
+one call and a 3-call estimate, a few warm-up calls and 10..50 timed calls, so a kernel of tens
+of microseconds is timed in a few milliseconds, not 125 ms. Passing `warmup_ms`/`rep_ms` asks for
+the fixed-duration protocol (triton.testing.do_bench when Triton is installed).
 Without a GPU the same protocol runs on the host clock, so CPU code and tests can use it too.
 """
 
@@ -15,18 +17,38 @@ from typing import Any
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MiB)
 _ESTIMATE_CALLS = 5
+_SHORT_ESTIMATE_CALLS = 3
 
 
-def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
-    """Median milliseconds per call of `fn` (device time on a CUDA GPU, host time otherwise)."""
+# The short budget: timed calls worth about TARGET_MS, but never fewer than MIN_REPS (a median
+# needs samples) nor more than MAX_REPS (tuning a microsecond kernel must take milliseconds).
+TARGET_MS = 10.0
+MIN_REPS, MAX_REPS = 10, 50
+WARMUP_CALLS = 3
+
+
+def short_budget(estimate_ms: float) -> tuple[int, int]:
+    """(warm-up calls, timed calls) for a call that takes about `estimate_ms`."""
+    reps = int(TARGET_MS / max(estimate_ms, 1e-4))
+    return WARMUP_CALLS, max(MIN_REPS, min(MAX_REPS, reps))
+
+
+def bench_ms(fn: Callable[[], Any], *, warmup_ms: float | None = None, rep_ms: float | None = None) -> float:
+    """Median milliseconds per call of `fn` (device time on a CUDA GPU, host time otherwise).
+    Without `warmup_ms`/`rep_ms` the number of calls scales with the call's duration (see the module doc)."""
     import torch
+    fixed = warmup_ms is not None or rep_ms is not None
+    warm = 25.0 if warmup_ms is None else warmup_ms
+    rep = 100.0 if rep_ms is None else rep_ms
     if not torch.cuda.is_available():
-        return _host_bench_ms(fn, warmup_ms, rep_ms)
+        return _host_bench_ms(fn, warm, rep, short=not fixed)
+    if not fixed:
+        return _event_bench_ms(fn, warm, rep, short=True)
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _event_bench_ms(fn, warmup_ms, rep_ms)
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return _event_bench_ms(fn, warm, rep)
+    return float(do_bench(fn, warmup=warm, rep=rep, return_mode="median"))
 
 
 def _repeat_counts(estimate_ms: float, warmup_ms: float, rep_ms: float) -> tuple[int, int]:
@@ -34,19 +56,20 @@ def _repeat_counts(estimate_ms: float, warmup_ms: float, rep_ms: float) -> tuple
     return max(1, int(warmup_ms / estimate_ms)), max(1, int(rep_ms / estimate_ms))
 
 
-def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
+def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, short: bool = False) -> float:
     import torch
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(_ESTIMATE_CALLS):
-        flush.zero_()
+    calls = _SHORT_ESTIMATE_CALLS if short else _ESTIMATE_CALLS
+    for _ in range(calls):
         fn()
     end.record()
     torch.cuda.synchronize()
-    n_warmup, n_repeat = _repeat_counts(start.elapsed_time(end) / _ESTIMATE_CALLS, warmup_ms, rep_ms)
+    estimate = start.elapsed_time(end) / calls
+    n_warmup, n_repeat = short_budget(estimate) if short else _repeat_counts(estimate, warmup_ms, rep_ms)
     for _ in range(n_warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
@@ -60,12 +83,14 @@ def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> f
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
 
-def _host_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
+def _host_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, short: bool = False) -> float:
     fn()
+    calls = _SHORT_ESTIMATE_CALLS if short else _ESTIMATE_CALLS
     t0 = time.perf_counter()
-    for _ in range(_ESTIMATE_CALLS):
+    for _ in range(calls):
         fn()
-    n_warmup, n_repeat = _repeat_counts((time.perf_counter() - t0) * 1e3 / _ESTIMATE_CALLS, warmup_ms, rep_ms)
+    estimate = (time.perf_counter() - t0) * 1e3 / calls
+    n_warmup, n_repeat = short_budget(estimate) if short else _repeat_counts(estimate, warmup_ms, rep_ms)
     for _ in range(n_warmup):
         fn()
     times = []

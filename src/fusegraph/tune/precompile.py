@@ -1,0 +1,83 @@
+"""Compile a kernel's candidate configurations in parallel before any of them is timed.
+
+    errors = compile_in_parallel([lambda: fn.warmup(*args, grid=g, **consts) for ...])
+
+Each job is a call that makes Triton compile one specialization (a `JITFunction.warmup`). Under
+Triton's `AsyncCompileMode` (Triton >= 3.4) the job itself runs here, on the calling thread: Triton
+binds the arguments and hands only `triton.compile` to our thread pool, and on leaving the mode
+every finished kernel is in the function's in-memory cache, so the timing loop that follows
+launches without compiling. Without AsyncCompileMode the jobs themselves run in the pool.
+
+Threads are enough: measured on this project's kernels (GEMMs for sm_90), about 80% of a
+compile is ptxas, a subprocess, which runs outside the GIL; the MLIR passes and the Python front
+end (the other 20%) serialize. Two threads on two cores compiled 4 candidates 1.3x faster than one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..settings import settings
+
+MAX_THREADS = 16
+
+
+def compile_threads(jobs: int) -> int:
+    """How many threads compile `jobs` candidates (settings.compile_threads; 0: one per core)."""
+    wanted = settings.compile_threads or min(MAX_THREADS, os.cpu_count() or 1)
+    return max(1, min(wanted, jobs))
+
+
+def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None = None) -> list[str | None]:
+    """Run every job (each compiles one candidate); per job, None or why it failed. Never raises."""
+    if not jobs:
+        return []
+    workers = threads or compile_threads(len(jobs))
+    if workers == 1:
+        return [_run(job) for job in jobs]
+    mode = _async_compile_mode()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegraph-compile") as pool:
+        if mode is None:
+            return [_error_of(f) for f in [pool.submit(job) for job in jobs]]
+        errors: list[str | None] = [None] * len(jobs)
+        handles: list[Any] = [None] * len(jobs)
+        with mode(pool, ignore_errors=True):
+            for k, job in enumerate(jobs):
+                try:
+                    handles[k] = job()
+                except Exception as err:  # binding failed before anything was submitted
+                    errors[k] = _describe(err)
+        for k, handle in enumerate(handles):
+            future = getattr(handle, "future", None)
+            if errors[k] is None and isinstance(future, Future):
+                errors[k] = _error_of(future)
+        return errors
+
+
+def _async_compile_mode() -> Any:
+    try:
+        from triton import AsyncCompileMode
+    except ImportError:
+        return None
+    return AsyncCompileMode
+
+
+def _run(job: Callable[[], Any]) -> str | None:
+    try:
+        job()
+    except Exception as err:
+        return _describe(err)
+    return None
+
+
+def _error_of(future: Future[Any]) -> str | None:
+    err = future.exception()
+    return None if err is None else _describe(err)
+
+
+def _describe(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
