@@ -25,7 +25,7 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     if gen.kind == "pointwise":
         cap = max(next_pow2(gen.extent), 16)
         out = []
-        for block, warps in ((1024, 4), (2048, 8), (4096, 8), (512, 4)):
+        for block, warps in ((1024, 4), (2048, 8), (2048, 4), (4096, 8), (512, 4)):
             cfg = {"BLOCK": min(block, cap), "num_warps": warps if block <= cap else 4}
             if cfg not in out:
                 out.append(cfg)
@@ -53,6 +53,8 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
                 out.append({"ROWS": rows_per_program, "BLOCK_C": whole, "num_warps": w})
         if rows_per_program > 1:
             out.append({"ROWS": max(1, rows_per_program // 2), "BLOCK_C": whole, "num_warps": max(1, warps // 2)})
+        if warps < 16 and rows_per_program < rows:   # two rows per program: more loads in flight
+            out.append({"ROWS": rows_per_program * 2, "BLOCK_C": whole, "num_warps": min(16, warps * 2)})
         return out
     chunk = min(LOOP_BLOCK, next_pow2(max_block) if next_pow2(max_block) <= max_block else next_pow2(max_block) // 2)
     return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
