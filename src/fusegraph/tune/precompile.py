@@ -31,14 +31,17 @@ def compile_threads(jobs: int) -> int:
     return max(1, min(wanted, jobs))
 
 
-def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None = None) -> list[str | None]:
-    """Run every job (each compiles one candidate); per job, None or why it failed. Never raises."""
+def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None = None, *,
+                        triton_jobs: bool = True) -> list[str | None]:
+    """Run every job (each compiles one candidate); per job, None or why it failed. Never raises.
+    `triton_jobs`: the jobs are Triton JIT warmups (run here, under AsyncCompileMode, when this
+    Triton has it); False: the jobs do their whole compile themselves and run in the pool."""
     if not jobs:
         return []
     workers = threads or compile_threads(len(jobs))
     if workers == 1:
         return [_run(job) for job in jobs]
-    mode = _async_compile_mode()
+    mode = _async_compile_mode() if triton_jobs else None
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegraph-compile") as pool:
         if mode is None:
             return [_error_of(f) for f in [pool.submit(job) for job in jobs]]

@@ -1,0 +1,225 @@
+"""Build-time rules of tuning: GEMM candidate pruning by shape class, the launch-bound shortcut,
+tuning time recorded per kernel, the parallel precompile path, and the short timing budget."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusegraph as fg
+from fusegraph.codegen.matmul import GemmGeometry, gemm_configs, small_problem, tile_cost
+from fusegraph.settings import override
+from fusegraph.tune import Config, clear_memo, keys, timing, tune
+from fusegraph.tune.autotuner import floor_ms_of, launch_bound
+from fusegraph.tune.precompile import compile_in_parallel
+
+GPU = {"name": "Fake GPU H200", "capability": "9.0"}
+CANDIDATES = [Config.of(BLOCK=1), Config.of(BLOCK=2), Config.of(BLOCK=3)]
+
+
+@pytest.fixture
+def gpu(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(keys, "gpu_identity", lambda: dict(GPU))
+    clear_memo()
+    with override(cache_dir=str(tmp_path), autotune=True):
+        yield
+    clear_memo()
+
+
+def geometry(m: int, n: int, k: int, batch: tuple[int, ...] = ()) -> GemmGeometry:
+    return GemmGeometry(batch, m, n, k, (k, 1), (n, 1), (0,) * len(batch), (0,) * len(batch))
+
+
+def tiles(configs: list[dict]) -> list[tuple[int, int, int, bool]]:
+    return [(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], bool(c.get("USE_TMA"))) for c in configs]
+
+
+# ---- pruning --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, small", [((512, 1024, 1024, ()), True), ((16, 64, 64, ()), True),
+                                          ((1024, 1024, 1024, (4,)), False), ((8192, 16384, 4096, ()), False)])
+def test_candidate_counts_by_shape_class(shape, small):
+    m, n, k, batch = shape
+    geo = geometry(m, n, k, batch)
+    assert small_problem(geo) is small
+    plain, with_tma = gemm_configs(geo), gemm_configs(geo, tma=True)
+    if small:  # at most 4 candidates with cuBLAS
+        assert len(plain) <= 3 and len(with_tma) <= 3 and sum(c.get("USE_TMA", False) for c in with_tma) <= 1
+    else:
+        assert len(plain) == 3 and len(with_tma) == 5 and sum(c.get("USE_TMA", False) for c in with_tma) == 2
+    assert len(set(tiles(with_tma))) == len(with_tma)          # no duplicate after clipping
+    for c in with_tma:                                          # no tile beyond the padded problem
+        assert c["BLOCK_M"] <= max(16, 1 << (m - 1).bit_length()) and c["BLOCK_N"] <= max(16, 1 << (n - 1).bit_length())
+    unlimited = gemm_configs(geo, limit=False)
+    assert len(unlimited) >= len(plain)
+
+
+def test_candidates_ordered_by_cost_model():
+    geo = geometry(512, 1024, 1024)   # 8x4 tiles of 64x256 already leave SMs idle: small tiles win
+    configs = gemm_configs(geo, limit=False)
+    costs = [tile_cost(geo, c) for c in configs]
+    assert costs == sorted(costs)
+    assert configs[0]["BLOCK_M"] * configs[0]["BLOCK_N"] <= 64 * 64 * 2
+    big = gemm_configs(geometry(1024, 1024, 1024, (4,)))   # 128 tiles of 128x256 fill one wave
+    assert (big[0]["BLOCK_M"], big[0]["BLOCK_N"]) == (128, 256)
+
+
+def test_pipeline_stages_fit_shared_memory():
+    for c in gemm_configs(geometry(4096, 4096, 4096), itemsize=4, limit=False):
+        assert c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 4 <= 232448
+
+
+def test_tiny_problem_keeps_one_tile():
+    configs = gemm_configs(geometry(8, 32, 16, (4,)))
+    assert tiles(configs) == [(16, 32, 16, False)]
+
+
+# ---- launch-bound shortcut ------------------------------------------------------------------
+
+def test_launch_bound_kernel_is_not_timed(gpu):
+    calls = []
+    with override(tune_min_floor_us=10):
+        result = tune("tiny", {"k": 1}, CANDIDATES, lambda c: calls.append(c) or 1.0, floor_ms=0.004)
+    assert result.config == CANDIDATES[0] and result.source == "launch-bound" and calls == []
+    assert launch_bound(0.009) and not launch_bound(0.011) and not launch_bound(None)
+
+
+def test_floor_above_threshold_or_rule_off_tunes(gpu):
+    times = {1: 0.3, 2: 0.1, 3: 0.2}
+    result = tune("big", {"k": 2}, CANDIDATES, lambda c: times[c["BLOCK"]], floor_ms=0.05)
+    assert result.source == "tuned" and result.config == CANDIDATES[1]
+    clear_memo()
+    with override(tune_min_floor_us=0):
+        result = tune("tiny_forced", {"k": 3}, CANDIDATES, lambda c: times[c["BLOCK"]], floor_ms=0.001)
+    assert result.source == "tuned"
+
+
+def test_floor_of_a_demo_sized_gemm_kernel():
+    g = fg.Graph(name="floor")
+    a = g.tensor((4, 1024, 1024), dtype="bfloat16", name="a")
+    w = g.tensor((1024, 1024), dtype="bfloat16", name="w")
+    g.matmul(a, w).set_output()
+    plan = g.build(device="cpu")
+    (kernel,) = plan.kernels
+    floor = floor_ms_of(kernel)   # 8.6 GFLOP at 989 TFLOP/s (datasheet bf16): ~8.7 us
+    assert floor is not None and 0.007 < floor < 0.010
+
+
+# ---- tuning time recorded -------------------------------------------------------------------
+
+def test_tune_reports_seconds_and_precompiles_before_timing(gpu):
+    order: list[str] = []
+
+    def bench(c: Config) -> float:
+        order.append(f"time {c['BLOCK']}")
+        time.sleep(0.01)
+        return float(c["BLOCK"])
+
+    def precompile(kept):
+        order.append(f"compile {len(kept)}")
+
+    result = tune("timed", {"k": 4}, CANDIDATES, bench, precompile=precompile)
+    assert order == ["compile 3", "time 1", "time 2", "time 3"]
+    assert result.source == "tuned" and result.seconds >= 0.03
+    again = tune("timed", {"k": 4}, CANDIDATES, bench, precompile=precompile)
+    assert again.source == "memo" and len(order) == 4 and again.seconds < result.seconds
+
+
+def test_precompile_failure_does_not_stop_tuning(gpu):
+    def precompile(kept):
+        raise RuntimeError("compiler crashed")
+
+    result = tune("robust", {"k": 5}, CANDIDATES, lambda c: float(c["BLOCK"]), precompile=precompile)
+    assert result.source == "tuned" and result.config == CANDIDATES[0]
+
+
+def test_plan_kernels_record_their_tuning():
+    g = fg.Graph(name="rec", compute_dtype="float32")
+    x = g.tensor((32, 16), dtype="float16", name="x")
+    w = g.tensor((16, 24), dtype="float16", name="w")
+    g.relu(g.matmul(x, w)).set_output()
+    plan = g.build(device="cpu")
+    (kernel,) = plan.kernels
+    assert kernel.tuning["source"] == "default" and kernel.tuning["build_s"] >= 0
+    assert set(kernel.tuning) >= {"source", "seconds", "candidates", "build_s"}
+
+
+# ---- parallel precompile --------------------------------------------------------------------
+
+def test_compile_in_parallel_overlaps_jobs_and_reports_errors():
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def fake_compile(k: int):
+        def job():
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.2)
+            with lock:
+                running[0] -= 1
+            if k == 2:
+                raise RuntimeError("out of resources: shared memory")
+        return job
+
+    t0 = time.perf_counter()
+    errors = compile_in_parallel([fake_compile(k) for k in range(4)], threads=4, triton_jobs=False)
+    elapsed = time.perf_counter() - t0
+    assert peak[0] >= 2 and elapsed < 0.6          # serial would take 0.8 s
+    assert errors[:2] == [None, None] and errors[3] is None and "out of resources" in (errors[2] or "")
+
+
+def test_compile_in_parallel_through_triton_async_compile_mode():
+    """Jobs that submit like JITFunction.warmup does under AsyncCompileMode: the compile runs in
+    the pool, and every result is finished when compile_in_parallel returns."""
+    from triton.runtime import _async_compile
+
+    finished: list[int] = []
+
+    def warmup_like(k: int):
+        def job():
+            mode = _async_compile.active_mode.get()
+            assert mode is not None
+
+            def compile_fn():
+                time.sleep(0.2)
+                if k == 1:
+                    raise ValueError("bad config")
+                return k
+
+            return mode.submit(("key", k), compile_fn, lambda kernel: finished.append(kernel))
+        return job
+
+    t0 = time.perf_counter()
+    errors = compile_in_parallel([warmup_like(k) for k in range(4)], threads=4)
+    assert time.perf_counter() - t0 < 0.6
+    assert sorted(finished) == [0, 2, 3] and errors[1] is not None and "bad config" in errors[1]
+    assert errors[0] is None and errors[2] is None
+
+
+def test_one_thread_runs_jobs_in_order():
+    seen: list[int] = []
+    errors = compile_in_parallel([lambda k=k: seen.append(k) for k in range(3)], threads=1)
+    assert seen == [0, 1, 2] and errors == [None, None, None]
+
+
+# ---- short timing budget --------------------------------------------------------------------
+
+def test_short_budget_scales_with_duration():
+    assert timing.short_budget(0.018)[1] == timing.MAX_REPS          # 18 us kernel: 50 calls
+    assert timing.short_budget(2.0)[1] == timing.MIN_REPS            # 2 ms kernel: 10 calls
+    assert timing.MIN_REPS <= timing.short_budget(0.5)[1] <= timing.MAX_REPS
+
+
+def test_bench_ms_default_is_short(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+
+    timing.bench_ms(fn)
+    assert calls[0] <= 1 + 3 + timing.WARMUP_CALLS + timing.MAX_REPS
