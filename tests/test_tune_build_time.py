@@ -223,3 +223,26 @@ def test_bench_ms_default_is_short(monkeypatch):
 
     timing.bench_ms(fn)
     assert calls[0] <= 1 + 3 + timing.WARMUP_CALLS + timing.MAX_REPS
+
+
+def test_launch_bound_attention_takes_first_candidate_that_runs_and_agrees():
+    from fusegraph.backends.attention_kernel import _first_that_runs
+
+    good = torch.ones(4, 4)
+    calls: list[str] = []
+
+    def cand(label: str, value: torch.Tensor | None):
+        def launch(args):
+            calls.append(label)
+            if value is None:
+                raise RuntimeError("out of resources")
+            return [value]
+        return launch
+
+    candidates = {"triton:a": cand("triton:a", None), "triton:b": cand("triton:b", good * 5),
+                  "triton:c": cand("triton:c", good.clone()), "triton:d": cand("triton:d", good),
+                  "torch:flash": cand("torch:flash", good)}
+    assert _first_that_runs("attn", list(candidates), candidates, []) == "triton:c"
+    assert "triton:d" not in calls                      # nothing after the choice is compiled or run
+    only_torch = {"torch:cudnn": cand("torch:cudnn", good)}
+    assert _first_that_runs("attn", list(only_torch), only_torch, []) == "torch:cudnn"

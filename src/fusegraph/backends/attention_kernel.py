@@ -6,6 +6,7 @@ generated kernel covers goes to a library or the reference."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,7 +76,10 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         if why is None and candidates:
             kernel.backend, kernel.source = "triton", _triton_source(backward)
         return kernel
-    chosen = _choose(name, node, problem, candidates, device)
+    start = time.perf_counter()
+    chosen = _choose(kernel, node, problem, candidates, device)
+    kernel.tuning = dict(kernel.tuning or {"source": "default", "seconds": 0.0, "candidates": len(candidates)},
+                         build_s=round(time.perf_counter() - start, 4))
     if chosen is None:
         kernel.note = "no attention candidate ran on the example inputs: torch reference"
         _debug(name, kernel.note)
@@ -143,15 +147,26 @@ def _torch_backward(node: Node, p: AttentionProblem, backend: str) -> Any:
     return launch
 
 
-def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, Any], device: str) -> str | None:
+def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[str, Any],
+            device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
-    without a GPU; None when none runs."""
+    without a GPU; None when none runs. A launch-bound problem (tune/autotuner.py) takes the first
+    candidate that runs and agrees, without compiling or timing the others. Recorded in kernel.tuning."""
+    from ..tune import Config, bench_ms, keys, tune
+    from ..tune.autotuner import floor_ms_of, launch_bound, summary
+
+    name = kernel.name
     labels = list(candidates)
     if not device.startswith("cuda"):
         return labels[0]
-    from ..tune import Config, autotune, bench_ms
-
     args = _example_inputs(node, device)
+    floor = floor_ms_of(kernel)
+    if settings.autotune and launch_bound(floor) and keys.gpu_identity() is not None:
+        start = time.perf_counter()
+        chosen = _first_that_runs(name, labels, candidates, args)
+        kernel.tuning = {"source": "launch-bound", "seconds": round(time.perf_counter() - start, 4),
+                         "candidates": len(labels)}
+        return chosen
     working = []
     for label in labels:
         try:
@@ -168,8 +183,44 @@ def _choose(name: str, node: Node, p: AttentionProblem, candidates: dict[str, An
         return bench_ms(lambda: launch(args))
 
     key = {"problem": repr(p), "op": node.op, "attrs": repr(sorted(node.attrs.items())), "torch": torch.__version__}
-    chosen = autotune(name, key, [Config(candidate=label) for label in working], bench)
-    return str(chosen["candidate"])
+    result = tune(name, key, [Config(candidate=label) for label in working], bench, floor_ms=floor)
+    kernel.tuning = summary(result, len(labels))
+    return str(result.config["candidate"])
+
+
+def _first_that_runs(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> str | None:
+    """The first candidate that runs and, when it is a Triton one and a torch backend runs too,
+    agrees with it (the torch backend is run once, for the comparison)."""
+    from .matmul_kernel import check_same
+
+    want: list[torch.Tensor] | None = None
+    for label in labels:
+        try:
+            got = _flat(candidates[label](args))
+        except Exception as err:
+            _debug(name, f"{label} does not run: {type(err).__name__}: {str(err)[:200]}")
+            continue
+        if not label.startswith("triton"):
+            return label
+        if want is None:
+            want = _torch_baseline(labels, candidates, args)
+        try:
+            if want:
+                check_same(got, want, f"{name} {label}")
+            return label
+        except ValueError as err:
+            _debug(name, str(err))
+    return None
+
+
+def _torch_baseline(labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> list[torch.Tensor]:
+    for label in labels:
+        if label.startswith("torch:"):
+            try:
+                return _flat(candidates[label](args))
+            except Exception:
+                continue
+    return []
 
 
 def _agreeing(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> list[str]:

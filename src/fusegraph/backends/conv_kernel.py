@@ -5,6 +5,7 @@ the convolution runs with the reference (exact fp32), the epilogue under the Tri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
                       options: dict[str, Any]) -> Kernel:
     from ..lower import fused_kernel  # lower imports this module
 
+    start = time.perf_counter()
     node = group.compute
     conv = conv_launch(node, compute_dtype, device)
     n_conv = len(node.inputs)
@@ -81,11 +83,13 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
                     nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
                     cost=conv_group_cost(group), launch=launch, source=source, note=note)
     fused = cudnn_fused_relu(group, device)
-    if fused is not None and _fused_wins(name, group, launch, fused, device):
+    kernel.tuning = {"source": "default", "seconds": 0.0, "candidates": 1 if fused is None else 2}
+    if fused is not None and _fused_wins(kernel, group, launch, fused, device):
         kernel.launch = fused
         kernel.source = f"# torch.cudnn_convolution_relu: {node.op} + bias + relu in one cuDNN call, {layout}"
         kernel.note = "cuDNN fused conv+bias+relu was faster"
         kernel.config = {"candidate": "cudnn_convolution_relu"}
+    kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
     return kernel
 
 
@@ -116,11 +120,15 @@ def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
     return launch
 
 
-def _fused_wins(name: str, group: ConvGroup, plain: Any, fused: Any, device: str) -> bool:
-    """Autotune the fused cuDNN call against conv + our epilogue; the fused one must also agree."""
+def _fused_wins(kernel: Kernel, group: ConvGroup, plain: Any, fused: Any, device: str) -> bool:
+    """Autotune the fused cuDNN call against conv + our epilogue; the fused one must also agree.
+    (Both are library calls: nothing to compile, so no launch-bound shortcut.) Recorded in kernel.tuning."""
     from ..lower import _example_inputs
-    from ..tune import Config, autotune, bench_ms
+    from ..tune import Config, bench_ms, tune
+    from ..tune.autotuner import summary
     from .matmul_kernel import check_same
+
+    name = kernel.name
 
     args = _example_inputs(group.inputs, device)
     try:
@@ -137,5 +145,6 @@ def _fused_wins(name: str, group: ConvGroup, plain: Any, fused: Any, device: str
 
     key = {"conv": repr(group.compute.attrs), "shapes": [str(n.spec) for n in group.inputs],
            "torch": torch.__version__}
-    chosen = autotune(name, key, [Config(candidate=c) for c in launches], bench)
-    return bool(chosen["candidate"] == "cudnn_convolution_relu")
+    result = tune(name, key, [Config(candidate=c) for c in launches], bench)
+    kernel.tuning = summary(result, len(launches))
+    return bool(result.config["candidate"] == "cudnn_convolution_relu")
