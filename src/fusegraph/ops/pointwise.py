@@ -36,9 +36,9 @@ def _gelu_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
 
 def _gelu_triton(x: list[str], a: Any) -> str:
     if a.get("approximate", "none") == "tanh":
+        # 0.5*x*(1+tanh(u)) == x*sigmoid(2u): one exp instead of libdevice's exact tanh.
         v = x[0]
-        return (f"(0.5 * {v} * (1.0 + libdevice.tanh({_SQRT_2_OVER_PI} * "
-                f"({v} + 0.044715 * {v} * {v} * {v}))))")
+        return f"({v} * tl.sigmoid({2 * _SQRT_2_OVER_PI} * ({v} + 0.044715 * {v} * {v} * {v})))"
     return f"(0.5 * {x[0]} * (1.0 + tl.erf({x[0]} * {_SQRT1_2})))"
 
 
