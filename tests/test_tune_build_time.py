@@ -246,3 +246,17 @@ def test_launch_bound_attention_takes_first_candidate_that_runs_and_agrees():
     assert "triton:d" not in calls                      # nothing after the choice is compiled or run
     only_torch = {"torch:cudnn": cand("torch:cudnn", good)}
     assert _first_that_runs("attn", list(only_torch), only_torch, []) == "torch:cudnn"
+
+
+def test_build_time_note_summarizes_kernel_tuning():
+    from types import SimpleNamespace
+
+    from fusegraph.tune.autotuner import build_time_note
+
+    assert build_time_note([SimpleNamespace(name="k0", tuning={"source": "default", "seconds": 0.0})]) is None
+    kernels = [SimpleNamespace(name="k0", tuning={"source": "tuned", "seconds": 2.0, "build_s": 3.0}),
+               SimpleNamespace(name="k1", tuning={"source": "launch-bound", "seconds": 0.0, "build_s": 1.0}),
+               SimpleNamespace(name="k2", tuning={})]
+    note = build_time_note(kernels)
+    assert note is not None and "4.0 s" in note and "2.0 s of it tuning" in note
+    assert "1 launch-bound" in note and "1 tuned" in note and "slowest k0 3.0 s" in note

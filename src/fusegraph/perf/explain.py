@@ -170,6 +170,9 @@ def analyze_plan(plan: Any, device_spec: DeviceSpec | str | None = None, measure
         measured, method = (timings[k] if timings else (None, ""))
         rows.append(KernelRow(k, kernel.name, kernel.kind, kernel.backend, kernel_floor(kernel, spec), measured,
                               ops_with_sources(kernel), user_lines(kernel), method))
+    from ..tune.autotuner import build_time_note
+    if (build := build_time_note(plan.kernels)) is not None:
+        notes.append(build)
     name = str(title or getattr(getattr(plan, "graph", None), "name", "plan"))
     return PlanReport(name, spec, rows, timings is not None, notes=notes)
 

@@ -195,3 +195,20 @@ def _print_timings(name: str, result: TuneResult, tuning_s: float) -> None:
     for t in sorted(result.timings, key=lambda t: math.inf if t.ms is None else t.ms):
         what = f"{t.ms:.4f} ms" if t.ms is not None else f"failed: {t.error}"
         print(f"    {t.config}: {what}", file=sys.stderr)
+
+
+def build_time_note(kernels: Sequence[Any]) -> str | None:
+    """One line on where a plan's build time went (Kernel.tuning), or None when nothing was tuned."""
+    infos = [(k.name, getattr(k, "tuning", None) or {}) for k in kernels]
+    infos = [(n, t) for n, t in infos if t]
+    if not any(t.get("source") not in ("default", None) for _, t in infos):
+        return None
+    sources: dict[str, int] = {}
+    for _, t in infos:
+        sources[str(t.get("source"))] = sources.get(str(t.get("source")), 0) + 1
+    tuning = sum(float(t.get("seconds", 0.0)) for _, t in infos)
+    build = sum(float(t.get("build_s", t.get("seconds", 0.0))) for _, t in infos)
+    name, slowest = max(infos, key=lambda nt: float(nt[1].get("build_s", nt[1].get("seconds", 0.0))))
+    how = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
+    return (f"build: kernels took {build:.1f} s, {tuning:.1f} s of it tuning ({how}); slowest {name} "
+            f"{float(slowest.get('build_s', slowest.get('seconds', 0.0))):.1f} s")
