@@ -260,3 +260,34 @@ def test_build_time_note_summarizes_kernel_tuning():
     note = build_time_note(kernels)
     assert note is not None and "4.0 s" in note and "2.0 s of it tuning" in note
     assert "1 launch-bound" in note and "1 tuned" in note and "slowest k0 3.0 s" in note
+
+
+def _two_gemm_items():
+    from fusegraph.fusion.epilogue import claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    g = fg.Graph(name="two_gemms", compute_dtype="float32")
+    x = g.tensor((4, 1024, 1024), dtype="bfloat16", name="x")
+    w1 = g.tensor((1024, 1024), dtype="bfloat16", name="w1")     # 8.6 GFLOP: launch-bound (floor ~8.7 us)
+    w2 = g.tensor((1024, 4096), dtype="bfloat16", name="w2")     # 34 GFLOP: tuned
+    g.matmul(g.relu(g.matmul(x, w1)), w2).set_output()
+    plan = g.build(device="cpu")
+    return claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+
+
+def test_plan_precompiles_first_config_of_launch_bound_gemms_and_all_of_the_others(gpu, monkeypatch):
+    from fusegraph.backends import matmul_kernel
+    from fusegraph.tune import autotuner
+
+    items = _two_gemm_items()
+    submitted: list[list] = []
+    monkeypatch.setattr(matmul_kernel, "interpreting", lambda: False)
+    monkeypatch.setattr(matmul_kernel, "_tma_available", lambda device: False)
+    monkeypatch.setattr(matmul_kernel, "_example_inputs",
+                        lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: submitted.append(jobs))
+    assert matmul_kernel.precompile_matmul_groups(items, "cuda") == 1 + 3
+    assert len(submitted) == 1 and len(submitted[0]) == 4           # one parallel batch for the whole plan
+    monkeypatch.setattr(autotuner, "cached_choice", lambda name, key, candidates: candidates[1])
+    assert matmul_kernel.precompile_matmul_groups(items, "cuda") == 1 + 1   # known choice: only it compiles
+    assert matmul_kernel.precompile_matmul_groups(items, "cpu") == 0

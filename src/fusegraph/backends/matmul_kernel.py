@@ -50,9 +50,8 @@ class GemmLaunch:
 
     def warmup_job(self, args: Sequence[torch.Tensor]) -> Any:
         """A call that makes Triton compile this config without launching it (tune/precompile.py)."""
-        outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
-
         def job() -> Any:
+            outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
             return self.fn.warmup(*args, *outs, grid=self.grid, **self.constexprs, num_warps=self.num_warps,
                                   num_stages=self.num_stages)
 
@@ -158,7 +157,7 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     from ..tune.precompile import compile_in_parallel
 
     name = kernel.name
-    candidates = [Config(dict(c, backend="triton")) for c in configs] + [Config(backend="cublas")]
+    candidates = _candidates(configs)
     if not device.startswith("cuda"):
         return dict(candidates[0].values)
     args = _example_inputs(gen.inputs, device)
@@ -177,10 +176,58 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         compile_in_parallel([GemmLaunch(fn, gen, dict(c.values), device).warmup_job(args)
                              for c in kept if c["backend"] == "triton"])
 
-    key = {"source": gen.source, "device": device, "torch": torch.__version__}
+    key = _tune_key(gen, device)
     result = tune(name, key, candidates, bench, floor_ms=floor_ms_of(kernel), precompile=precompile)
     kernel.tuning = summary(result, len(candidates))
     return dict(result.config.values)
+
+
+def precompile_matmul_groups(items: Sequence[Any], device: str) -> int:
+    """Compile, in parallel and before any kernel is tuned, the Triton candidates every MatmulGroup
+    of a plan will compile (items in lowering order: kernel k is named fg_k{k}_matmul as in
+    lower_fused): the first config of a launch-bound GEMM, all kept configs of the others. Triton
+    keeps the results in memory (and on disk), so each kernel's own tuning then only times. Returns
+    how many compiles ran; never raises (a failure here shows again where the kernel is built)."""
+    from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
+    from ..tune.precompile import compile_in_parallel
+
+    if not device.startswith("cuda") or not settings.use_triton or interpreting():
+        return 0
+    jobs = []
+    for k, item in enumerate(items):
+        if not isinstance(item, MatmulGroup) or gemm_supported(item) is not None:
+            continue
+        try:
+            gen = generate_gemm(item, f"fg_k{k}_matmul")
+            configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
+                                   itemsize=dtypes.itemsize(item.matmul.inputs[0].dtype))
+            shape = Kernel(name=gen.name, kind="matmul", backend="triton", nodes=tuple(item.nodes),
+                           inputs=tuple(item.inputs), outputs=tuple(item.outputs), cost=matmul_group_cost(item),
+                           launch=lambda args: [])
+            if not settings.autotune or launch_bound(floor_ms_of(shape)):
+                configs = configs[:1]
+            else:  # a choice already made (memo, disk cache): only that one is compiled
+                known = cached_choice(gen.name, _tune_key(gen, device), _candidates(configs))
+                if known is not None:
+                    configs = [] if known["backend"] == "cublas" else [
+                        {a: v for a, v in known.items() if a != "backend"}]
+            fn = load_triton_function(gen.source, gen.name)
+            args = _example_inputs(gen.inputs, device)
+            jobs += [GemmLaunch(fn, gen, c, device).warmup_job(args) for c in configs]
+        except Exception as err:  # the kernel's own build reports it
+            _debug(f"fg_k{k}_matmul", f"not precompiled: {type(err).__name__}: {str(err)[:200]}")
+    compile_in_parallel(jobs)
+    return len(jobs)
+
+
+def _candidates(configs: list[dict[str, Any]]) -> list[Any]:
+    from ..tune import Config
+
+    return [Config(dict(c, backend="triton")) for c in configs] + [Config(backend="cublas")]
+
+
+def _tune_key(gen: GeneratedGemm, device: str) -> dict[str, Any]:
+    return {"source": gen.source, "device": device, "torch": torch.__version__}
 
 
 def _sm_count(device: str) -> int:

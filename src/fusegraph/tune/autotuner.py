@@ -212,3 +212,19 @@ def build_time_note(kernels: Sequence[Any]) -> str | None:
     how = ", ".join(f"{n} {s}" for s, n in sorted(sources.items()))
     return (f"build: kernels took {build:.1f} s, {tuning:.1f} s of it tuning ({how}); slowest {name} "
             f"{float(slowest.get('build_s', slowest.get('seconds', 0.0))):.1f} s")
+
+
+def cached_choice(name: str, key: Mapping[str, Any], candidates: Sequence[Config]) -> Config | None:
+    """The choice tune() would find in the memo or the disk cache for these arguments (None: it would
+    time them, or there is no GPU); used to compile only that candidate ahead of time."""
+    gpu = keys.gpu_identity()
+    kept = _unique(list(candidates))
+    if gpu is None or len(kept) < 2:
+        return None
+    full_key = keys.full_key(name, key, kept, gpu)
+    with _memo_lock:
+        remembered = _memo.get(keys.digest(full_key))
+    if remembered is not None:
+        return remembered.config
+    entry = TuneCache().load(full_key)
+    return entry.config if entry is not None and entry.config in kept else None
