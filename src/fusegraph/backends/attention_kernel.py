@@ -151,7 +151,8 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
             device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
     without a GPU; None when none runs. A launch-bound problem (tune/autotuner.py) takes the first
-    candidate that runs and agrees, without compiling or timing the others. Recorded in kernel.tuning."""
+    candidate that runs and agrees, torch's SDPA backends first (nothing to compile), without
+    compiling or timing the others. Recorded in kernel.tuning."""
     from ..tune import Config, bench_ms, keys, tune
     from ..tune.autotuner import floor_ms_of, launch_bound, summary
 
@@ -162,8 +163,9 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
     args = _example_inputs(node, device)
     floor = floor_ms_of(kernel)
     if settings.autotune and launch_bound(floor) and keys.gpu_identity() is not None:
-        start = time.perf_counter()
-        chosen = _first_that_runs(name, labels, candidates, args)
+        start = time.perf_counter()  # library kernels first: nothing to compile
+        ordered = sorted(labels, key=lambda label: not label.startswith("torch:"))  # stable
+        chosen = _first_that_runs(name, ordered, candidates, args)
         kernel.tuning = {"source": "launch-bound", "seconds": round(time.perf_counter() - start, 4),
                          "candidates": len(labels)}
         return chosen
