@@ -291,3 +291,17 @@ def test_plan_precompiles_first_config_of_launch_bound_gemms_and_all_of_the_othe
     monkeypatch.setattr(autotuner, "cached_choice", lambda name, key, candidates: candidates[1])
     assert matmul_kernel.precompile_matmul_groups(items, "cuda") == 1 + 1   # known choice: only it compiles
     assert matmul_kernel.precompile_matmul_groups(items, "cpu") == 0
+
+
+def test_compile_in_parallel_inside_an_outer_async_compile_mode():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton import AsyncCompileMode
+    from triton.runtime import _async_compile
+
+    def job():
+        return _async_compile.active_mode.get().submit("k", lambda: 1, lambda kernel: None)
+
+    with ThreadPoolExecutor(2) as pool, AsyncCompileMode(pool) as outer:
+        assert compile_in_parallel([job, job], threads=2) == [None, None]
+        assert len(outer.raw_futures) == 1      # submitted to the caller's mode (deduplicated by key)

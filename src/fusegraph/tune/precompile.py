@@ -42,6 +42,8 @@ def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None =
     if workers == 1:
         return [_run(job) for job in jobs]
     mode = _async_compile_mode() if triton_jobs else None
+    if mode is not None and _async_mode_active():  # the caller's own AsyncCompileMode takes the jobs
+        return [_run(job) for job in jobs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegraph-compile") as pool:
         if mode is None:
             return [_error_of(f) for f in [pool.submit(job) for job in jobs]]
@@ -66,6 +68,14 @@ def _async_compile_mode() -> Any:
     except ImportError:
         return None
     return AsyncCompileMode
+
+
+def _async_mode_active() -> bool:
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return False
+    return _async_compile.active_mode.get() is not None
 
 
 def _run(job: Callable[[], Any]) -> str | None:
