@@ -90,6 +90,26 @@ def run_child(which: str, env: dict[str, str], size: str, dtype: str) -> dict[st
     return result
 
 
+def tuned_candidates(folder: str) -> list[dict[str, Any]]:
+    """Every timed candidate of the cold build (the tuning cache's entries), printed fastest first:
+    the data for ordering candidates (e.g. whether TMA tiles should come first)."""
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        timings = sorted(data.get("timings", []), key=lambda t: float("inf") if t["ms"] is None else t["ms"])
+        out.append({"kernel": data["key"]["name"], "chosen": data["config"], "tuning_s": data.get("tuning_s"),
+                    "timings": timings})
+        print(f"  timed {data['key']['name']} in {data.get('tuning_s', 0):.2f} s:")
+        for t in timings:
+            what = f"{t['ms'] * 1e3:8.1f} us" if t["ms"] is not None else f"failed: {str(t['error'])[:80]}"
+            print(f"      {what}  {t['config']}")
+    return out
+
+
 def print_fusegraph(label: str, r: dict[str, Any]) -> None:
     if "error" in r:
         print(f"{label}: FAILED {r['error'][:500]}")
@@ -127,6 +147,7 @@ def main() -> int:
     t_all = time.perf_counter()
     record["fusegraph_cold"] = run_child("fusegraph", fg_env, args.size, args.dtype)
     print_fusegraph("fusegraph cold", record["fusegraph_cold"])
+    record["tuned_candidates"] = tuned_candidates(os.path.join(root, "fg", "tune"))
     record["fusegraph_warm"] = run_child("fusegraph", fg_env, args.size, args.dtype)
     print_fusegraph("fusegraph warm", record["fusegraph_warm"])
     if not args.skip_torch:
