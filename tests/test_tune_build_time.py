@@ -275,22 +275,47 @@ def _two_gemm_items():
     return claim_epilogues(partition_graph(plan.graph).items, plan.graph)
 
 
-def test_plan_precompiles_first_config_of_launch_bound_gemms_and_all_of_the_others(gpu, monkeypatch):
-    from fusegraph.backends import matmul_kernel
+def test_plan_precompiles_first_config_of_launch_bound_kernels_and_all_of_the_others(gpu, monkeypatch):
+    from fusegraph import lower
+    from fusegraph.backends import matmul_kernel, plan_precompile
     from fusegraph.tune import autotuner
 
-    items = _two_gemm_items()
+    items = _two_gemm_items()   # GEMM (launch-bound) + relu epilogue, GEMM (tuned)
     submitted: list[list] = []
-    monkeypatch.setattr(matmul_kernel, "interpreting", lambda: False)
+    cpu_inputs = lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes]  # noqa: E731
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
     monkeypatch.setattr(matmul_kernel, "_tma_available", lambda device: False)
-    monkeypatch.setattr(matmul_kernel, "_example_inputs",
-                        lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
+    monkeypatch.setattr(matmul_kernel, "_example_inputs", cpu_inputs)
+    monkeypatch.setattr(lower, "_example_inputs", cpu_inputs)
     monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: submitted.append(jobs))
-    assert matmul_kernel.precompile_matmul_groups(items, "cuda") == 1 + 3
+    assert plan_precompile.precompile_plan(items, "cuda", {}) == 1 + 3
     assert len(submitted) == 1 and len(submitted[0]) == 4           # one parallel batch for the whole plan
     monkeypatch.setattr(autotuner, "cached_choice", lambda name, key, candidates: candidates[1])
-    assert matmul_kernel.precompile_matmul_groups(items, "cuda") == 1 + 1   # known choice: only it compiles
-    assert matmul_kernel.precompile_matmul_groups(items, "cpu") == 0
+    assert plan_precompile.precompile_plan(items, "cuda", {}) == 1 + 1   # known choice: only it compiles
+    assert plan_precompile.precompile_plan(items, "cpu", {}) == 0
+
+
+def test_plan_precompiles_fused_kernels(gpu, monkeypatch):
+    from fusegraph import lower
+    from fusegraph.backends import plan_precompile
+    from fusegraph.fusion.partition import partition_graph
+
+    g = fg.Graph(name="norm", compute_dtype="float32")
+    x = g.tensor((4096, 1024), dtype="bfloat16", name="x")          # 16 MiB through a layernorm: launch-bound
+    g.layernorm(x, eps=1e-5).set_output()
+    big = fg.Graph(name="big_norm", compute_dtype="float32")
+    y = big.tensor((65536, 1024), dtype="bfloat16", name="y")       # 256 MiB: tuned, every candidate
+    big.layernorm(y, eps=1e-5).set_output()
+    submitted: list[list] = []
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
+    monkeypatch.setattr(lower, "_example_inputs",
+                        lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: submitted.append(jobs))
+    counts = []
+    for graph in (g, big):
+        plan = graph.build(device="cpu")
+        counts.append(plan_precompile.precompile_plan(partition_graph(plan.graph).items, "cuda", {}))
+    assert counts[0] == 1 and counts[1] > 1
 
 
 def test_compile_in_parallel_inside_an_outer_async_compile_mode():

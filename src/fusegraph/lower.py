@@ -72,12 +72,13 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     options = options or {}
     from .backends.conv_kernel import conv_group_kernel  # compute-bound kernels (issue 4)
     from .backends.lowering import compute_node_kernel
-    from .backends.matmul_kernel import matmul_group_kernel, precompile_matmul_groups
+    from .backends.matmul_kernel import matmul_group_kernel
+    from .backends.plan_precompile import precompile_plan
     from .fusion.epilogue import ConvGroup, MatmulGroup, claim_epilogues
 
     kernels = []
     items = claim_epilogues(partition_graph(graph).items, graph)
-    precompile_matmul_groups(items, device)  # every GEMM's candidates compile at once, in parallel
+    precompile_plan(items, device, options)  # the kernels' Triton candidates compile at once, in parallel
     for k, item in enumerate(items):
         if isinstance(item, MatmulGroup):
             kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))

@@ -182,42 +182,30 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     return dict(result.config.values)
 
 
-def precompile_matmul_groups(items: Sequence[Any], device: str) -> int:
-    """Compile, in parallel and before any kernel is tuned, the Triton candidates every MatmulGroup
-    of a plan will compile (items in lowering order: kernel k is named fg_k{k}_matmul as in
-    lower_fused): the first config of a launch-bound GEMM, all kept configs of the others. Triton
-    keeps the results in memory (and on disk), so each kernel's own tuning then only times. Returns
-    how many compiles ran; never raises (a failure here shows again where the kernel is built)."""
+def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
+    """Compile jobs (tune/precompile.py) for the Triton candidates this GEMM's build will compile:
+    the first config when it is launch-bound or autotuning is off, the memo/disk-cached choice when
+    there is one, else every kept config; [] when it has no Triton GEMM."""
     from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
-    from ..tune.precompile import compile_in_parallel
 
-    if not device.startswith("cuda") or not settings.use_triton or interpreting():
-        return 0
-    jobs = []
-    for k, item in enumerate(items):
-        if not isinstance(item, MatmulGroup) or gemm_supported(item) is not None:
-            continue
-        try:
-            gen = generate_gemm(item, f"fg_k{k}_matmul")
-            configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
-                                   itemsize=dtypes.itemsize(item.matmul.inputs[0].dtype))
-            shape = Kernel(name=gen.name, kind="matmul", backend="triton", nodes=tuple(item.nodes),
-                           inputs=tuple(item.inputs), outputs=tuple(item.outputs), cost=matmul_group_cost(item),
-                           launch=lambda args: [])
-            if not settings.autotune or launch_bound(floor_ms_of(shape)):
-                configs = configs[:1]
-            else:  # a choice already made (memo, disk cache): only that one is compiled
-                known = cached_choice(gen.name, _tune_key(gen, device), _candidates(configs))
-                if known is not None:
-                    configs = [] if known["backend"] == "cublas" else [
-                        {a: v for a, v in known.items() if a != "backend"}]
-            fn = load_triton_function(gen.source, gen.name)
-            args = _example_inputs(gen.inputs, device)
-            jobs += [GemmLaunch(fn, gen, c, device).warmup_job(args) for c in configs]
-        except Exception as err:  # the kernel's own build reports it
-            _debug(f"fg_k{k}_matmul", f"not precompiled: {type(err).__name__}: {str(err)[:200]}")
-    compile_in_parallel(jobs)
-    return len(jobs)
+    if gemm_supported(group) is not None:
+        return []
+    gen = generate_gemm(group, name)
+    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
+                           itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype))
+    shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
+                   outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
+    if not settings.autotune or launch_bound(floor_ms_of(shape)):
+        configs = configs[:1]
+    else:
+        known = cached_choice(name, _tune_key(gen, device), _candidates(configs))
+        if known is not None:
+            configs = [] if known["backend"] == "cublas" else [{a: v for a, v in known.items() if a != "backend"}]
+    if not configs:
+        return []
+    fn = load_triton_function(gen.source, name)
+    args = _example_inputs(gen.inputs, device)
+    return [GemmLaunch(fn, gen, c, device).warmup_job(args) for c in configs]
 
 
 def _candidates(configs: list[dict[str, Any]]) -> list[Any]:

@@ -1,0 +1,85 @@
+"""Compile a whole plan's Triton kernels at once, in parallel, before any kernel is built or tuned.
+
+lower_fused calls `precompile_plan(items, device, options)` with its partition items in lowering
+order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>), so the generated
+sources are the same and Triton's in-memory cache already holds every candidate the kernel's own
+build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs) and plain
+fused groups that launch once (pointwise, row reductions); the rest compiles where it is built.
+Never raises: a failure here shows again, with its message, where the kernel is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..codegen.compile import interpreting, load_triton_function
+from ..settings import settings
+
+log = logging.getLogger("fusegraph.backends")
+
+
+def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) -> int:
+    """Submit every compile the plan's build will need; returns how many jobs ran."""
+    from ..fusion.epilogue import ConvGroup, MatmulGroup
+    from ..fusion.partition import KernelGroup, RowColumnGroup
+    from ..tune.precompile import compile_in_parallel
+    from .matmul_kernel import gemm_warmup_jobs
+
+    if not device.startswith("cuda") or not settings.use_triton or interpreting():
+        return 0
+    jobs: list[Any] = []
+    for k, item in enumerate(items):
+        try:
+            if isinstance(item, MatmulGroup):
+                jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device)
+            elif isinstance(item, KernelGroup) and not isinstance(item, RowColumnGroup | ConvGroup):
+                jobs += fused_warmup_jobs(item, k, device, options)
+        except Exception as err:  # the kernel's own build reports it
+            log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
+    compile_in_parallel(jobs)
+    return len(jobs)
+
+
+def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) -> list[Any]:
+    """Compile jobs for a fused group that launches once: its first config when launch-bound (or
+    the cached choice), else every candidate; [] for two-stage kernels."""
+    from ..codegen.configs import candidate_configs, launch_parameters
+    from ..codegen.triton_gen import generate
+    from ..lower import _example_inputs, _summary, group_cost
+    from ..runtime.kernel import Kernel
+    from ..tune import Config
+    from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
+
+    name = f"fg_k{k}_{_summary(group)}"
+    gen = generate(group, name)
+    if gen.finish_name or gen.workspaces:
+        return []
+    candidates = candidate_configs(gen, options)
+    shape = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
+                   inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=group_cost(group),
+                   launch=lambda args: [])
+    if len(candidates) > 1 and (not settings.autotune or launch_bound(floor_ms_of(shape))):
+        candidates = candidates[:1]
+    elif len(candidates) > 1:
+        known = cached_choice(gen.name, {"source": gen.source, "device": device}, [Config(c) for c in candidates])
+        candidates = candidates if known is None else [dict(known.values)]
+    fn = load_triton_function(gen.source, name)
+    args = _example_inputs(gen.inputs, device)
+    out_specs = [(n.shape, n.spec.memory_strides, n.dtype) for n in gen.outputs]
+
+    def job_for(config: dict[str, Any]) -> Any:
+        (grid,), constexprs, warps = launch_parameters(gen, config)
+
+        def job() -> Any:
+            from ..ir import dtypes
+
+            outs = [torch.empty_strided(s, st, dtype=dtypes.to_torch(dt), device=device) for s, st, dt in out_specs]
+            return fn.warmup(*args, *outs, grid=grid, **constexprs, num_warps=warps)
+
+        return job
+
+    return [job_for(c) for c in candidates]
