@@ -243,22 +243,54 @@ def _view_chain(node: torch.fx.Node, placeholders: Sequence[torch.fx.Node]
     return placeholders.index(node), chain[::-1]
 
 
+# A view replayed on a real input whose strides differ from the traced (fake) ones, e.g. the output
+# of an eager op whose real layout is not what its meta function said: reshape is a view when the
+# strides allow one and a copy otherwise, where aten.view would raise.
+_REPLAY_AS = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default}
+
+
 def _replay(view: tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]], args: Sequence[Any]) -> Any:
     index, chain = view
     value = args[index]
     for op, rest, kwargs in chain:
-        value = op(value, *rest, **kwargs)
+        value = _REPLAY_AS.get(op, op)(value, *rest, **kwargs)
     return value
 
 
 def _with_strides(out: torch.Tensor, val: Any) -> torch.Tensor:
-    """The output in the strides torch would have produced (what AOTAutograd's view replay assumes)."""
+    """The output in the strides torch would have produced (what AOTAutograd's decisions assume:
+    a reshape traced as a view, an SDPA backend whose output follows the query's stride order).
+    A traced value with gaps (e.g. q sliced out of a fused qkv projection) gets a dense tensor with
+    the same stride order; an overlapping one (an expand) is returned as it is."""
     if not isinstance(val, torch.Tensor) or out.stride() == val.stride() or out.dim() == 0:
         return out
-    if not is_non_overlapping_and_dense(val):
-        return out
-    restrided = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=out.dtype, device=out.device)
+    if is_non_overlapping_and_dense(val):
+        strides = tuple(val.stride())
+    else:
+        strides = dense_strides_in_order(val)
+        if strides is None or strides == out.stride():
+            return out
+    restrided = torch.empty_strided(tuple(val.shape), strides, dtype=out.dtype, device=out.device)
     return restrided.copy_(out)
+
+
+def dense_strides_in_order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """Dense strides with `t`'s dimension order (innermost = smallest stride), or None when `t`
+    has overlapping elements (a stride-0 or otherwise aliased layout)."""
+    dims = sorted(range(t.dim()), key=lambda i: (t.stride()[i], i))
+    reach = 1
+    for i in dims:  # non-overlapping: every stride reaches past the span of the smaller ones
+        if t.shape[i] == 1:
+            continue
+        if t.stride()[i] < reach:
+            return None
+        reach = t.stride()[i] * t.shape[i]
+    strides = [0] * t.dim()
+    expected = 1
+    for i in dims:
+        strides[i] = expected
+        expected *= max(int(t.shape[i]), 1)
+    return tuple(strides)
 
 
 def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
