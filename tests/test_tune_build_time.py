@@ -330,3 +330,31 @@ def test_compile_in_parallel_inside_an_outer_async_compile_mode():
     with ThreadPoolExecutor(2) as pool, AsyncCompileMode(pool) as outer:
         assert compile_in_parallel([job, job], threads=2) == [None, None]
         assert len(outer.raw_futures) == 1      # submitted to the caller's mode (deduplicated by key)
+
+
+def test_untimed_gemm_choice_is_checked_against_the_reference_launch():
+    """What matmul_group_kernel runs on the GPU for a launch-bound choice, here under the interpreter."""
+    from fusegraph.backends.matmul_kernel import GemmLaunch, _reference_group_launch, check_same
+    from fusegraph.codegen.compile import load_triton_function
+    from fusegraph.codegen.matmul import generate_gemm
+    from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+    from fusegraph.lower import reference_launch
+
+    g = fg.Graph(name="checked", compute_dtype="float32")
+    a = g.tensor((2, 32, 48), dtype="float16", name="a")
+    b = g.tensor((48, 40), dtype="float16", name="b")
+    bias = g.tensor((40,), dtype="float16", name="bias")
+    g.relu(g.add(g.matmul(a, b), bias)).set_output()
+    plan = g.build(device="cpu")
+    (group,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(group, MatmulGroup)
+    gen = generate_gemm(group, "checked_gemm")
+    config = gemm_configs(gen.geometry)[0]
+    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
+    example = [torch.randn(n.shape).to(torch.float16) for n in gen.inputs]
+    reference = _reference_group_launch(group, "float32", reference_launch)
+    got = launch(example)
+    check_same(got, reference(example), "checked")
+    with pytest.raises(ValueError):
+        check_same([t * 2 + 1 for t in got], reference(example), "broken")

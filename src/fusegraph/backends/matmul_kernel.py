@@ -137,10 +137,14 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
     launch = GemmLaunch(fn, gen, choice, device)
     if device.startswith("cuda"):
         try:  # compile now: a config that does not build falls back to cuBLAS here, not at run time
-            launch(_example_inputs(gen.inputs, device))
+            example = _example_inputs(gen.inputs, device)
+            got = launch(example)
+            if kernel.tuning.get("source") not in ("tuned", "cache", "memo"):  # untimed, so unchecked yet:
+                reference = _reference_group_launch(group, compute_dtype, reference_launch)  # no compile
+                check_same(got, reference(example), f"{name} {choice}")
         except Exception as err:
             kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
-            kernel.note = f"Triton GEMM failed to compile ({type(err).__name__}: {str(err)[:200]}); cuBLAS"
+            kernel.note = f"Triton GEMM failed to compile or check ({type(err).__name__}: {str(err)[:200]}); cuBLAS"
             _debug(name, kernel.note)
             return kernel
     kernel.config = dict(choice)
