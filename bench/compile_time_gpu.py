@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-CHILD_TIMEOUT_S = 150
+COLD_TIMEOUT_S, WARM_TIMEOUT_S = 75, 30   # per child: the four stay under 3 minutes
 
 
 def child_fusegraph(size: str, dtype: str) -> dict[str, Any]:
@@ -73,13 +73,14 @@ def child_torch(size: str, dtype: str) -> dict[str, Any]:
     return {"build_s": first_s - steady_s, "first_call_s": first_s, "torch": torch.__version__}
 
 
-def run_child(which: str, env: dict[str, str], size: str, dtype: str) -> dict[str, Any]:
+def run_child(which: str, env: dict[str, str], size: str, dtype: str, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", which, "--size", size, "--dtype", dtype]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {CHILD_TIMEOUT_S} s"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-1500:]
+        return {"error": f"timed out after {timeout:.0f} s; stderr tail: {tail!r}"}
     wall = time.perf_counter() - t0
     sys.stderr.write(proc.stderr[-4000:])
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -145,14 +146,15 @@ def main() -> int:
                      TRITON_CACHE_DIR=os.path.join(root, "torch_triton"))
     record: dict[str, Any] = {"size": args.size, "dtype": args.dtype, "cpus": os.cpu_count(), "cache_root": root}
     t_all = time.perf_counter()
-    record["fusegraph_cold"] = run_child("fusegraph", fg_env, args.size, args.dtype)
+    record["fusegraph_cold"] = run_child("fusegraph", fg_env, args.size, args.dtype, COLD_TIMEOUT_S)
     print_fusegraph("fusegraph cold", record["fusegraph_cold"])
     record["tuned_candidates"] = tuned_candidates(os.path.join(root, "fg", "tune"))
-    record["fusegraph_warm"] = run_child("fusegraph", fg_env, args.size, args.dtype)
+    record["fusegraph_warm"] = run_child("fusegraph", fg_env, args.size, args.dtype, WARM_TIMEOUT_S)
     print_fusegraph("fusegraph warm", record["fusegraph_warm"])
     if not args.skip_torch:
         for label in ("torch_cold", "torch_warm"):
-            r = record[label] = run_child("torch", torch_env, args.size, args.dtype)
+            r = record[label] = run_child("torch", torch_env, args.size, args.dtype,
+                                          COLD_TIMEOUT_S if label == "torch_cold" else WARM_TIMEOUT_S)
             print(f"{label.replace('_', '.compile ')}: " + (f"FAILED {r['error'][:500]}" if "error" in r else
                   f"compile {r['build_s']:.2f} s (first call {r['first_call_s']:.2f} s)"))
     fc, fw = record["fusegraph_cold"], record["fusegraph_warm"]
