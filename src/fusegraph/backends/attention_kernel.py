@@ -84,7 +84,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         kernel.note = "no attention candidate ran on the example inputs: torch reference"
         _debug(name, kernel.note)
         return kernel
-    kernel.launch = candidates[chosen]
+    kernel.launch = in_spec_strides(node, candidates[chosen])
     kernel.config = {"candidate": chosen}
     if chosen.startswith("triton"):
         kernel.backend, kernel.source = "triton", _triton_source(backward)
@@ -94,6 +94,27 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         if why is not None:
             kernel.note = f"no Triton kernel: {why}"
     return kernel
+
+
+def in_spec_strides(node: Node, launch: Any) -> Any:
+    """`launch` with every output tensor in the memory strides of its spec. Generated kernels read
+    their inputs with the strides of the spec (compile-time constants), but torch's SDPA backends
+    return e.g. out [B, H, S, D] laid out as [B, S, H, D] (memory-efficient, flash, cuDNN), and
+    their backward may return dq/dk/dv like that too: read as dense, those are scrambled values."""
+    dense = [s.memory_strides for s in node.specs]
+
+    def fix(t: Any, strides: tuple[int, ...]) -> Any:
+        if not isinstance(t, torch.Tensor) or t.stride() == strides or t.numel() <= 1:
+            return t
+        return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+    def launch_dense(args: Sequence[torch.Tensor]) -> list[Any]:
+        results = launch(args)
+        if len(dense) == 1:
+            return [fix(results[0], dense[0])]
+        return [tuple(fix(t, st) for t, st in zip(results[0], dense, strict=True))]
+
+    return launch_dense
 
 
 def _triton_source(backward: bool) -> str:
