@@ -45,25 +45,42 @@ class RowColumnWriter(ColumnSplitWriter):
             self.emit(line)
         for e in reduces:
             self.emit(f"acc_{e.key} = tl.full([ROWS, BLOCK_C], {FILL[_combine_of(e)]}, tl.float32)")
+        needed = _full_ancestors(reduces, {e.key: e for e in col.entries})
+        col_values = [e for e in col.entries
+                      if e.key in needed or (e.kind != "reduce" and e.stage == 0 and not e.full)]
+        # loads: each (input, placement) once, all before the first reduction; the ones that do not
+        # depend on the row (the weight) once per program, before the loop over its rows
+        loaded: dict[tuple[int, tuple[int | None, ...]], str] = {}
+        loads = [e for e in row.entries if e.kind == "load"]
+        loads += [e for e in col_values if e.kind == "load" and (e.node.id, e.emb) not in computed]
+        for e in loads:
+            if e.full and _row_independent(e, dom.kept) and (e.node.id, e.emb) not in loaded:
+                self.value(e, "cmask", dimvar, 1)
+                loaded[(e.node.id, e.emb)] = e.key
         self.emit("for r0 in range(0, RPP, ROWS):")
         self.emit("rows = tl.program_id(0) * RPP + r0 + tl.arange(0, ROWS)[:, None]", 2)
         self.emit(f"rmask = rows < {rows}", 2)
         self.emit("mask = rmask & cmask", 2)
         for line in kept_lines:
             self.emit(line, 2)
+        for e in loads:
+            if (e.node.id, e.emb) in loaded:
+                self.expr[e.key] = self.expr[loaded[(e.node.id, e.emb)]]
+            else:
+                self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+                loaded[(e.node.id, e.emb)] = e.key
         for e in row.entries:
             if e.kind == "reduce":
                 self._reduce_single(e, 1)
-            else:
+            elif e.kind != "load":
                 self.value(e, "mask" if e.full else "rmask", dimvar, 2)
         for e in row.stores:
             if e.key in self.out_ptr:   # stores only the col kernel read stay in registers
                 self.store(e, "mask" if e.full else "rmask", dimvar, 2)
-        needed = _full_ancestors(reduces, {e.key: e for e in col.entries})
-        for e in col.entries:
+        for e in col_values:
             if e.kind == "load" and (e.node.id, e.emb) in computed:
                 self.expr[e.key] = self.expr[computed[(e.node.id, e.emb)]]   # in registers already
-            elif e.key in needed or (e.kind != "reduce" and e.stage == 0 and not e.full):
+            elif e.kind != "load":
                 self.value(e, "mask", dimvar, 2)
         for e in reduces:
             self._accumulate(e)
@@ -85,3 +102,8 @@ class RowColumnWriter(ColumnSplitWriter):
         else:
             fn = "tl.maximum" if combine == "max" else "tl.minimum"
             self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 2)
+
+
+def _row_independent(e: Entry, kept: tuple[int, ...]) -> bool:
+    """A load whose address does not depend on the row (a weight along the reduced axis)."""
+    return all(d is None or d not in kept or e.node.shape[k] == 1 for k, d in enumerate(e.emb))

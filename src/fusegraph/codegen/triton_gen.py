@@ -262,10 +262,11 @@ class _ReductionWriter(_Writer):
         self.emit(f"mask = rmask & (cols < {cols})", 2)
         for line in red_lines:
             self.emit(line, 2)
+        self.hoisted_loads(entries, dimvar, 2)
         for e in entries:
             if e.kind == "reduce":
                 self._reduce_single(e, ax)
-            else:
+            elif e.kind != "load":
                 self.value(e, "mask" if e.full else "rmask", dimvar, 2)
         for e in self.group.stores:
             self.store(e, "mask" if e.full else "rmask", dimvar, 2)
@@ -273,6 +274,14 @@ class _ReductionWriter(_Writer):
         self._looped(entries, dimvar, red_lines, c_tile, ax, cols)
         return GeneratedKernel(self.name, self.module(head + self.lines), "reduction", self.inputs,
                                self.outputs, extent=rows, reduced_extent=cols, column=self.column)
+
+    def hoisted_loads(self, entries: list[Entry], dimvar: dict[int, str], indent: int) -> None:
+        """Every load of the row tile, issued before the first reduction: a load written after a
+        reduction waits for it (its barriers keep the load from moving up), so a program would make
+        two round trips to memory instead of one (cross-entropy's target after the max and sum)."""
+        for e in entries:
+            if e.kind == "load":
+                self.value(e, "mask" if e.full else "rmask", dimvar, indent)
 
     def _is_column(self) -> bool:
         """Reduce along the tile's first axis when the contiguous dim of the main operand is kept."""
