@@ -185,7 +185,7 @@ def test_layernorm_backward_in_one_pass_with_column_partials() -> None:
     feeds = _layernorm_backward(g, 600, 24, torch.float32)
     plan = g.build()
     assert len(plan.kernels) == 1 and "_finish" in plan.kernels[0].source
-    assert "for r0 in range(0, RPP, ROWS)" in plan.kernels[0].source
+    assert "for r0 in tl.range(0, RPP, ROWS, num_stages=STAGES)" in plan.kernels[0].source
     _run(g, feeds)
 
 

@@ -53,8 +53,13 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
                 out.append({"ROWS": rows_per_program, "BLOCK_C": whole, "num_warps": w})
         if rows_per_program > 1:
             out.append({"ROWS": max(1, rows_per_program // 2), "BLOCK_C": whole, "num_warps": max(1, warps // 2)})
-        if warps < 16 and rows_per_program < rows:   # two rows per program: more loads in flight
-            out.append({"ROWS": rows_per_program * 2, "BLOCK_C": whole, "num_warps": min(16, warps * 2)})
+        # more rows per program: more loads in flight per SM (a program's loads all issue before
+        # its first reduction, then it waits on them)
+        for more, w in ((2, min(16, warps * 2)), (2, warps), (4, 16)):
+            cfg = {"ROWS": rows_per_program * more, "BLOCK_C": whole, "num_warps": w}
+            if rows_per_program * more <= min(next_pow2(rows), 64) and whole * more <= MAX_ROW_BLOCK \
+                    and cfg not in out:
+                out.append(cfg)
         return out
     chunk = min(LOOP_BLOCK, next_pow2(max_block) if next_pow2(max_block) <= max_block else next_pow2(max_block) // 2)
     return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
@@ -74,15 +79,27 @@ def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict
 
 
 def _row_column_configs(rows: int, cols: int) -> list[dict[str, Any]]:
+    """Row + column pass. Each program walks its RPP rows one ROWS-row tile at a time, so the rows
+    in flight per SM are (programs resident per SM) x ROWS, plus the next tile when STAGES > 1
+    (Triton's pipeliner copies it with cp.async while this one computes). At 4096 columns a
+    program needs ~128 registers a thread at 8 warps (two resident per SM), so RPP is chosen for
+    one balanced wave of ~2 programs per SM; 16 warps with the prefetch fit one per SM."""
     whole = next_pow2(cols)
     step = max(1, min(next_pow2(rows), 2048 // whole, 64))
     warps = max(1, min(16, whole * step // 512))
-    out = []
-    for programs in (TARGET_PROGRAMS // 2, TARGET_PROGRAMS, TARGET_PROGRAMS // 4):
-        per_program = max(step, next_pow2(_cdiv(rows, programs)))
+    wide = min(16, warps * 2)
+    half, quarter = TARGET_PROGRAMS // 2, TARGET_PROGRAMS // 4
+    plan = [(half, step, warps, 2), (half, step, warps, 3), (half, step, wide, 1), (half, step, warps, 1),
+            (quarter, step, wide, 2), (quarter, 2 * step, wide, 1), (TARGET_PROGRAMS, step, warps, 2)]
+    out: list[dict[str, Any]] = []
+    for programs, tile_rows, w, stages in plan:
+        tile_rows = min(tile_rows, next_pow2(rows))
+        per_program = max(tile_rows, next_pow2(_cdiv(rows, programs)))
         splits = _cdiv(rows, per_program)
-        out.append({"ROWS": step, "BLOCK_C": whole, "RPP": per_program, "SPLITS": splits,
-                    "SPLITS_P2": next_pow2(splits), "FROWS": min(whole, 64), "num_warps": warps})
+        cfg = {"ROWS": tile_rows, "BLOCK_C": whole, "RPP": per_program, "SPLITS": splits,
+               "SPLITS_P2": next_pow2(splits), "FROWS": min(whole, 64), "STAGES": stages, "num_warps": w}
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
@@ -95,6 +112,7 @@ def launch_parameters(gen: GeneratedKernel,
         return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block}, warps
     if gen.meta.get("row_column"):
         consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS")}
+        consts["STAGES"] = int(config.get("STAGES", 1))
         return [(consts["SPLITS"],), (_cdiv(gen.extent, consts["FROWS"]),)], consts, warps
     rows, block_c = int(config["ROWS"]), int(config["BLOCK_C"])
     blocks = max(1, _cdiv(gen.extent, rows))

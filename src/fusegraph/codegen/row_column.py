@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from ..fusion.partition import Entry, RowColumnGroup
 from .column_split import FILL, ColumnSplitWriter, _combine_of
-from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars
+from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, row_mask, whole_row_mask
 
-CONSTEXPRS = ["ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS"]
+CONSTEXPRS = ["ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS", "STAGES"]
 
 
 class NotEligible(Exception):
@@ -40,7 +40,7 @@ class RowColumnWriter(ColumnSplitWriter):
         red_lines, red_vars = _index_vars(dom.shape, dom.reduced, "cols", "j")
         dimvar.update(red_vars)
         self.emit("cols = tl.arange(0, BLOCK_C)[None, :]")
-        self.emit(f"cmask = cols < {cols}")
+        self.emit(f"cmask = {whole_row_mask(cols)}")
         for line in red_lines:
             self.emit(line)
         for e in reduces:
@@ -57,9 +57,10 @@ class RowColumnWriter(ColumnSplitWriter):
             if e.full and _row_independent(e, dom.kept) and (e.node.id, e.emb) not in loaded:
                 self.value(e, "cmask", dimvar, 1)
                 loaded[(e.node.id, e.emb)] = e.key
-        self.emit("for r0 in range(0, RPP, ROWS):")
+        # STAGES > 1: Triton's pipeliner copies the next tiles' rows (cp.async) while this one computes
+        self.emit("for r0 in tl.range(0, RPP, ROWS, num_stages=STAGES):")
         self.emit("rows = tl.program_id(0) * RPP + r0 + tl.arange(0, ROWS)[:, None]", 2)
-        self.emit(f"rmask = rows < {rows}", 2)
+        self.emit(f"rmask = {row_mask(rows, 'RPP')}", 2)   # RPP is a multiple of ROWS
         self.emit("mask = rmask & cmask", 2)
         for line in kept_lines:
             self.emit(line, 2)

@@ -140,6 +140,18 @@ class _Writer:
         return HEADER + "\n".join(body) + "\n"
 
 
+def row_mask(rows: int, per_program: str) -> str:
+    """`rows < {rows}`, or'ed with a constexpr that is True when every program's rows are in range:
+    Triton folds the mask to a constant, dropping the selects and predicates on every element."""
+    return f"(rows < {rows}) | ({rows} % {per_program} == 0)"
+
+
+def whole_row_mask(cols: int) -> str:
+    """The column mask of a tile holding the whole row, `cols = tl.arange(0, BLOCK_C)`: constant
+    True when the row is exactly BLOCK_C wide (a power of two)."""
+    return f"((cols < {cols}) | (BLOCK_C == {cols}))"
+
+
 def _op_expr(node: Node, args: list[str]) -> str:
     if node.op == "cast":
         src, dst = node.inputs[0].dtype, node.dtype
@@ -248,7 +260,7 @@ class _ReductionWriter(_Writer):
         head = [f"@triton.jit\ndef {self.name}({self.signature(['ROWS', 'BLOCK_C', 'SINGLE'])}):"]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
-        self.emit(f"rmask = rows < {rows}")
+        self.emit(f"rmask = {row_mask(rows, 'ROWS')}")
         self.zero_index = "rows * 0"
         kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
         for line in kept_lines:
@@ -259,7 +271,7 @@ class _ReductionWriter(_Writer):
         self.emit("if SINGLE:")
         wide = ".to(tl.int64)" if self.wide else ""   # reduced index times a large stride
         self.emit(f"cols = tl.arange(0, BLOCK_C){c_tile}{wide}", 2)
-        self.emit(f"mask = rmask & (cols < {cols})", 2)
+        self.emit(f"mask = rmask & {whole_row_mask(cols)}", 2)
         for line in red_lines:
             self.emit(line, 2)
         self.hoisted_loads(entries, dimvar, 2)
