@@ -33,3 +33,83 @@ def test_attention_output_laid_out_like_torch_sdpa_is_read_correctly(monkeypatch
     assert any(kern.kind == "attention" and kern.backend == "triton" for kern in plan.kernels)
     xs = [torch.randn(2, 2, 16, 16, dtype=F16) for _ in range(3)]
     assert_close(plan(*xs), fg.reference(g)(*xs), what="sdpa -> transpose -> reshape")
+
+
+# ---- training-time CUDA attention ops, traced on CPU through their meta functions ----
+
+import pytest  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+from fusegraph.frontends.torch_partition import partition_graph  # noqa: E402
+
+aten = torch.ops.aten
+B, H, S, D = 2, 2, 40, 16   # S = 40: the memory-efficient lse is padded to 64
+
+
+def _efficient(q, k, v):
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention.default(q, k, v, None, True, 0.0, True)
+    return out, lse, seed, offset
+
+
+def _efficient_backward(do, q, k, v, out, lse, seed, offset):
+    dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward.default(
+        do, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], True)
+    return dq, dk, dv
+
+
+def _cudnn(q, k, v):
+    r = aten._scaled_dot_product_cudnn_attention.default(q, k, v, None, True, 0.0, True)
+    return r[0], r[1], r[6], r[7]
+
+
+def _cudnn_backward(do, q, k, v, out, lse, seed, offset):
+    return aten._scaled_dot_product_cudnn_attention_backward.default(
+        do, q, k, v, out, lse, seed, offset, None, None, None, S, S, 0.0, True)
+
+
+def _flash(q, k, v):
+    r = aten._scaled_dot_product_flash_attention.default(q, k, v, 0.0, True)
+    return r[0], r[1], r[6], r[7]
+
+
+def _flash_backward(do, q, k, v, out, lse, seed, offset):
+    return aten._scaled_dot_product_flash_attention_backward.default(
+        do, q, k, v, out, lse, None, None, S, S, 0.0, True, seed, offset)
+
+
+def _compiled(fn, kind, *example):
+    gm = make_fx(fn, tracing_mode="fake")(*example)
+    split, record = partition_graph(gm, kind, {}, lambda message: None)
+    assert record.fallbacks == {} and [p.status for p in record.partitions] == ["fusegraph"], record
+    return split
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F16])
+@pytest.mark.parametrize("ops", ["efficient", "cudnn", "flash"])
+def test_training_attention_ops_forward_and_backward_are_ours(ops, dtype):
+    # AOTAutograd splits forward and backward into two graphs: out, lse and the RNG state cross
+    # between them; both halves are translated, so our lse (in torch's padded/unit-dim shape) feeds
+    # our backward, and the RNG state is a placeholder nobody reads
+    forward, backward = {"efficient": (_efficient, _efficient_backward), "cudnn": (_cudnn, _cudnn_backward),
+                         "flash": (_flash, _flash_backward)}[ops]
+    if ops == "flash" and dtype == torch.float32:
+        pytest.skip("flash attention is half precision only")
+    q, k, v, do = (torch.randn(B, H, S, D).to(dtype) for _ in range(4))
+    fwd = _compiled(forward, "forward", q, k, v)
+    out, lse, seed, offset = fwd(q, k, v)
+    assert lse.dtype == torch.float32
+    bwd = _compiled(backward, "backward", do, q, k, v, out, lse, seed, offset)
+    dq, dk, dv = bwd(do, q, k, v, out, lse, seed, offset)
+    kernels = [kern for part in (fwd, bwd) for name, mod in part.named_children() if name.startswith("fused")
+               for kern in mod.plan.kernels if kern.kind == "attention"]
+    assert [kern.backend for kern in kernels] == ["triton" if dtype == F16 else "reference"] * 2
+    leaves = [t.float().requires_grad_(True) for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+    ref.backward(do.float())
+    for name, got, want in [("out", out, ref), ("dq", dq, leaves[0].grad), ("dk", dk, leaves[1].grad),
+                            ("dv", dv, leaves[2].grad)]:
+        assert got.dtype == dtype
+        assert_close(got.float(), want, tol=1e-5 if dtype == torch.float32 else 5e-3, what=name)
+    want_lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2) / D ** 0.5
+                               + torch.full((S, S), float("-inf")).triu(1), dim=-1)
+    assert_close(lse.reshape(B, H, -1)[..., :S], want_lse, what="lse (natural log)")

@@ -130,13 +130,6 @@ def _convolution_backward(cx: Ctx, grad: Any, x: Any, w: Any, bias_sizes: Any, s
     return (dx, dw, db)
 
 
-def _sdpa_supports(node: torch.fx.Node) -> str | None:
-    if not node_users_only_first(node):
-        return "attention statistics (logsumexp) are read, e.g. by the backward"
-    dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
-    return None if not dropout else "attention dropout"
-
-
 def _no_dropout(node: torch.fx.Node) -> str | None:
     dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
     return None if not dropout else "attention dropout"
@@ -158,17 +151,130 @@ def _sdpa_cpu_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, out: Any, lse
     return cx.g.sdpa_backward(grad, q, k, v, out, lse, attn_mask, 0.0, is_causal, scale)
 
 
-@translates(aten._scaled_dot_product_efficient_attention.default, supports=_sdpa_supports)
+# The CUDA attention ops of training graphs. Their forward and backward are both translated onto
+# our scaled_dot_product_attention(return_lse=True) / sdpa_backward, so only our own forward's lse
+# (fp32, natural log, [B, H, Sq]) reaches our backward; it is stored in the shape torch's meta
+# function gives (memory-efficient: padded to a multiple of 32; cuDNN: [B, H, Sq, 1]). The philox
+# seed/offset outputs are meta tensors at trace time (dropout 0: nothing reads them); the
+# partition hands on empty placeholders for them (torch_partition.CompiledPartition).
+
+# Where the philox RNG state is: outputs of the forwards, arguments of the backwards.
+RNG_OUTPUTS: dict[Any, tuple[int, ...]] = {
+    aten._scaled_dot_product_efficient_attention.default: (2, 3),
+    aten._scaled_dot_product_cudnn_attention.default: (6, 7),
+    aten._scaled_dot_product_flash_attention.default: (6, 7),
+}
+RNG_ARGS: dict[Any, tuple[int, ...]] = {
+    aten._scaled_dot_product_efficient_attention_backward.default: (7, 8),
+    aten._scaled_dot_product_cudnn_attention_backward.default: (6, 7),
+    aten._scaled_dot_product_flash_attention_backward.default: (12, 13),
+}
+
+
+def _attention(cx: Ctx, q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale: Any) -> Any:
+    """(out, lse [B, H, Sq] or None when the node's statistics output is not read)."""
+    gqa = q.shape[1] != k.shape[1]
+    if cx.used_outputs() <= {0}:
+        return cx.g.scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa=gqa), None
+    return cx.g.scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa=gqa, return_lse=True)
+
+
+def _lse_as(cx: Ctx, lse: Any, index: int) -> Any:
+    """Our lse [B, H, Sq] in the shape of output `index` of the node (padded or with a unit dim)."""
+    want = tuple(int(s) for s in cx.val[index].shape)
+    if lse is None or want == tuple(lse.shape):
+        return lse
+    if len(want) == 3 and want[2] > lse.shape[2]:
+        return cx.g.pad(lse, (0, want[2] - lse.shape[2]), value=0.0)
+    return cx.g.reshape(lse, want)
+
+
+def _lse_of(cx: Ctx, lse: Any, q: Any) -> Any:
+    """A saved lse ([B, H, Sq] padded, or [B, H, Sq, 1]) back as [B, H, Sq]."""
+    b, h, sq = q.shape[0], q.shape[1], q.shape[2]
+    if len(lse.shape) == 3 and lse.shape[2] > sq:
+        return cx.g.slice(lse, 2, 0, sq, 1)
+    return lse if tuple(lse.shape) == (b, h, sq) else cx.g.reshape(lse, (b, h, sq))
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _efficient_supports(node: torch.fx.Node) -> str | None:
+    if _arg(node, 5, "dropout_p", 0.0):
+        return "attention dropout"
+    if _arg(node, 4, "compute_log_sumexp", False) is False and not node_users_only_first(node):
+        return "attention statistics read without compute_log_sumexp"
+    return None
+
+
+@translates(aten._scaled_dot_product_efficient_attention.default, supports=_efficient_supports)
 def _sdpa_efficient(cx: Ctx, q: Any, k: Any, v: Any, attn_bias: Any, compute_log_sumexp: bool,
                     dropout_p: float = 0.0, is_causal: bool = False, *, scale: Any = None) -> Any:
-    return (cx.g.scaled_dot_product_attention(q, k, v, attn_bias, 0.0, is_causal, scale), None, None, None)
+    """(out, log_sumexp, philox_seed, philox_offset)."""
+    out, lse = _attention(cx, q, k, v, attn_bias, is_causal, scale)
+    return (out, _lse_as(cx, lse, 1), None, None)
 
 
-@translates(aten._scaled_dot_product_flash_attention.default, supports=_sdpa_supports)
+def _efficient_backward_supports(node: torch.fx.Node) -> str | None:
+    if node.args[9]:
+        return "attention dropout"
+    mask: Any = node.args[10]
+    return "gradient of the attention bias" if node.args[4] is not None and mask[3] else None
+
+
+@translates(aten._scaled_dot_product_efficient_attention_backward.default, supports=_efficient_backward_supports)
+def _sdpa_efficient_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, attn_bias: Any, out: Any, lse: Any,
+                             philox_seed: Any, philox_offset: Any, dropout_p: float, grad_input_mask: Any,
+                             is_causal: bool = False, *, scale: Any = None) -> Any:
+    """(dq, dk, dv, d_bias = None)."""
+    dq, dk, dv = cx.g.sdpa_backward(grad, q, k, v, out, _lse_of(cx, lse, q), attn_bias, 0.0, is_causal, scale,
+                                    enable_gqa=q.shape[1] != k.shape[1])
+    return (dq, dk, dv, None)
+
+
+def _cudnn_supports(node: torch.fx.Node) -> str | None:
+    if _arg(node, 5, "dropout_p", 0.0):
+        return "attention dropout"
+    if _arg(node, 4, "compute_log_sumexp", False) is False and not node_users_only_first(node):
+        return "attention statistics read without compute_log_sumexp"
+    return None
+
+
+@translates(aten._scaled_dot_product_cudnn_attention.default, supports=_cudnn_supports)
+def _sdpa_cudnn(cx: Ctx, q: Any, k: Any, v: Any, attn_bias: Any, compute_log_sumexp: bool, dropout_p: float = 0.0,
+                is_causal: bool = False, return_debug_mask: bool = False, *, scale: Any = None) -> Any:
+    """(out, logsumexp [B, H, Sq, 1], cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset,
+    debug_attn_mask): the sequence bookkeeping is None/ints for dense batches."""
+    out, lse = _attention(cx, q, k, v, attn_bias, is_causal, scale)
+    return (out, _lse_as(cx, lse, 1)) + (None,) * 7
+
+
+@translates(aten._scaled_dot_product_cudnn_attention_backward.default,
+            supports=lambda n: None if not n.args[13] else "attention dropout")
+def _sdpa_cudnn_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, philox_seed: Any,
+                         philox_offset: Any, attn_bias: Any, cum_seq_q: Any, cum_seq_k: Any, max_q: Any, max_k: Any,
+                         dropout_p: float, is_causal: bool, *, scale: Any = None) -> Any:
+    return cx.g.sdpa_backward(grad, q, k, v, out, _lse_of(cx, lse, q), attn_bias, 0.0, is_causal, scale,
+                              enable_gqa=q.shape[1] != k.shape[1])
+
+
+@translates(aten._scaled_dot_product_flash_attention.default, supports=_no_dropout)
 def _sdpa_flash(cx: Ctx, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False,
                 return_debug_mask: bool = False, *, scale: Any = None) -> Any:
-    out = cx.g.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale)
-    return (out,) + (None,) * 8
+    """(out, logsumexp [B, H, Sq], cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_attn_mask)."""
+    out, lse = _attention(cx, q, k, v, None, is_causal, scale)
+    return (out, lse) + (None,) * 7
+
+
+@translates(aten._scaled_dot_product_flash_attention_backward.default,
+            supports=lambda n: None if not n.args[10] else "attention dropout")
+def _sdpa_flash_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cum_seq_q: Any,
+                         cum_seq_k: Any, max_q: Any, max_k: Any, dropout_p: float, is_causal: bool,
+                         philox_seed: Any, philox_offset: Any, *, scale: Any = None) -> Any:
+    return cx.g.sdpa_backward(grad, q, k, v, out, _lse_of(cx, lse, q), None, 0.0, is_causal, scale,
+                              enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _nll_supports(node: torch.fx.Node) -> str | None:

@@ -26,6 +26,7 @@ from ..ir import dtypes
 from ..ir.spec import contiguous_strides
 from ..settings import settings
 from .torch_ops import SUPPORTS, Ctx, lookup, translate_node
+from .torch_ops_nn import RNG_ARGS, RNG_OUTPUTS
 
 aten = torch.ops.aten
 
@@ -81,9 +82,9 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return unsupported_reason(src) if isinstance(src, torch.fx.Node) else "getitem of a non-node"
     if lookup(node.target) is None:
         return "no translator for this ATen op"
-    problem = _value_problem(node.meta.get("val"))
+    problem = _value_problem(_own_vals(node))
     for arg in node.all_input_nodes:
-        problem = problem or _value_problem(arg.meta.get("val"))
+        problem = problem or (None if is_rng_state(arg) else _value_problem(arg.meta.get("val")))
     if problem:
         return problem
     devices = {v.device.type for v in _tensor_vals(node)}
@@ -93,8 +94,35 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     return check(node) if check is not None else None
 
 
+def _own_vals(node: torch.fx.Node) -> Any:
+    """The node's fake value(s), without the attention RNG state outputs (None in their place)."""
+    val = node.meta.get("val")
+    skip = RNG_OUTPUTS.get(node.target, ())
+    if not skip or not isinstance(val, list | tuple):
+        return val
+    return [None if i in skip else v for i, v in enumerate(val)]
+
+
+def is_rng_state(node: torch.fx.Node) -> bool:
+    """An attention op's philox seed/offset (an output of the forward, or a value that only goes to
+    the RNG arguments of attention backwards). Without dropout nothing reads it: it is traced on the
+    CPU or the meta device, kept out of Plans, and handed on as a zero placeholder."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        src = node.args[0]
+        return isinstance(src, torch.fx.Node) and node.args[1] in RNG_OUTPUTS.get(src.target, ())
+    if not node.users:
+        return False
+    for user in node.users:
+        positions = RNG_ARGS.get(user.target)
+        if positions is None or node in user.kwargs.values():
+            return False
+        if any(a is node for i, a in enumerate(user.args) if i not in positions):
+            return False
+    return True
+
+
 def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
-    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    vals = [_own_vals(node)] + [a.meta.get("val") for a in node.all_input_nodes if not is_rng_state(a)]
     flat: list[torch.Tensor] = []
     for v in vals:
         items = v if isinstance(v, list | tuple) else [v]
@@ -145,6 +173,8 @@ class CompiledPartition(torch.nn.Module):
         self._warn = warn
         self.plan: Any = None
         self._outputs: list[tuple[str, int]] = []
+        self._plan_inputs: list[int] = []   # the partition inputs the Plan takes (not the meta placeholders)
+        self._device: torch.device | None = None
         self._views: list[tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]] = []
         self._out_vals: list[Any] = []
         try:
@@ -165,10 +195,16 @@ class CompiledPartition(torch.nn.Module):
         g = Graph(name=self.record.name, compute_dtype="float32")
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.eager.graph.nodes if n.op == "placeholder"]
-        devices = {v.device.type for v in input_vals if isinstance(v, torch.Tensor)}
-        for node, val in zip(placeholders, input_vals, strict=True):
+        rng = {node for node in placeholders if is_rng_state(node)}
+        devices = {v.device for p, v in zip(placeholders, input_vals, strict=True)
+                   if isinstance(v, torch.Tensor) and p not in rng}
+        for index, (node, val) in enumerate(zip(placeholders, input_vals, strict=True)):
+            if node in rng:  # an attention philox seed/offset: only our attention backward takes it, and ignores it
+                env[node] = None
+                continue
             if not isinstance(val, torch.Tensor):
                 raise TypeError(f"partition input {node.name} is a {type(val).__name__}, not a tensor")
+            self._plan_inputs.append(index)
             shape, strides = tuple(val.shape), tuple(val.stride())
             dense = strides == contiguous_strides(shape)
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
@@ -188,11 +224,15 @@ class CompiledPartition(torch.nn.Module):
                 out_args = node.args[0]
         self._single = not isinstance(out_args, list | tuple)
         out_nodes = [out_args] if self._single else list(out_args)
-        inputs = [env[p].node.id for p in placeholders]
+        inputs = [env[p].node.id if env[p] is not None else None for p in placeholders]
         plan_outputs: list[Tensor] = []
+        self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
             self._out_vals.append(out.meta.get("val") if isinstance(out, torch.fx.Node) else None)
+            if isinstance(out, torch.fx.Node) and is_rng_state(out):  # a philox seed/offset of our attention
+                self._outputs.append(("empty", len(self._out_vals) - 1))
+                continue
             if not isinstance(value, Tensor):
                 raise TypeError(f"partition output {out} is not a tensor of the graph")
             if value.node.id in inputs:
@@ -208,21 +248,26 @@ class CompiledPartition(torch.nn.Module):
             self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
         if plan_outputs:
             g.set_output(*plan_outputs)
-            device = devices.pop() if len(devices) == 1 else None
-            self.plan = g.build(device=device, **build_options)
+            self.plan = g.build(device=None if self._device is None else self._device.type, **build_options)
 
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":
             return self.eager(*args)
         try:
-            results = self.plan.run(list(args)) if self.plan is not None else []
+            results = self.plan.run([args[i] for i in self._plan_inputs]) if self.plan is not None else []
         except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
             self._fall_back(f"run failed: {type(err).__name__}: {err}")
             return self.eager(*args)
         outs = [args[i] if kind == "input" else results[i] if kind == "plan" else _replay(self._views[i], args)
-                for kind, i in self._outputs]
+                if kind == "view" else self._placeholder(self._out_vals[i], args) for kind, i in self._outputs]
         outs = [_with_strides(o, v) for o, v in zip(outs, self._out_vals, strict=True)]
         return outs[0] if self._single else tuple(outs)
+
+    def _placeholder(self, val: torch.Tensor, args: Sequence[Any]) -> torch.Tensor:
+        """Zeros for an attention philox seed/offset (no dropout: nothing reads them), on the traced
+        device (torch keeps them on the CPU) or, traced on the meta device, the partition's."""
+        device = val.device if val.device.type != "meta" else self._device or "cpu"
+        return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
 
 
 # View ops replayed by torch on a partition input when their result is a partition output.
@@ -264,12 +309,9 @@ def _with_strides(out: torch.Tensor, val: Any) -> torch.Tensor:
     the same stride order; an overlapping one (an expand) is returned as it is."""
     if not isinstance(val, torch.Tensor) or out.stride() == val.stride() or out.dim() == 0:
         return out
-    if is_non_overlapping_and_dense(val):
-        strides = tuple(val.stride())
-    else:
-        strides = dense_strides_in_order(val)
-        if strides is None or strides == out.stride():
-            return out
+    strides = tuple(val.stride()) if is_non_overlapping_and_dense(val) else dense_strides_in_order(val)
+    if strides is None or strides == out.stride():
+        return out
     restrided = torch.empty_strided(tuple(val.shape), strides, dtype=out.dtype, device=out.device)
     return restrided.copy_(out)
 
