@@ -1,0 +1,131 @@
+"""Memory-bound row kernels read each big input once per row: cross-entropy (max, sum-exp and the
+target logit from one load of the logits) and layernorm backward (dx, dw, db from one load of g and
+x per row tile). Every load is issued before the first reduction (a load after a reduction waits
+for its barriers: a second round trip to memory). Every autotune candidate is run through the
+interpreter against the reference, with rows that divide the programs' rows (masks fold to
+constants) and rows that do not."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+import fusegraph as fg
+import fusegraph.lower as lower
+from conftest import assert_close, rand
+from fusegraph.codegen.configs import _row_column_configs, candidate_configs
+
+
+def _cross_entropy(m: int, n: int) -> tuple[fg.Graph, list[torch.Tensor]]:
+    g = fg.Graph("ce_single_read")
+    x, t = g.tensor((m, n), "bfloat16", "x"), g.tensor((m,), "int64", "t")
+    g.cross_entropy(x, t).set_output()
+    return g, [rand(m, n, dtype=torch.bfloat16), torch.randint(0, n, (m,))]
+
+
+def _layernorm_backward(m: int, n: int) -> tuple[fg.Graph, list[torch.Tensor]]:
+    g = fg.Graph("lnb_single_read")
+    gy, x, w = g.tensor((m, n), "bfloat16", "g"), g.tensor((m, n), "bfloat16", "x"), g.tensor((n,), "bfloat16", "w")
+    for out in g.layernorm_backward(gy, x, weight=w, eps=1e-5):
+        out.set_output()
+    return g, [rand(m, n, dtype=torch.bfloat16), rand(m, n, dtype=torch.bfloat16), rand(n, dtype=torch.bfloat16)]
+
+
+def _first_kernel_body(source: str) -> list[str]:
+    """Lines of the first @triton.jit function (the partial / row kernel, not the finish)."""
+    body = source.split("@triton.jit")[1]
+    return body.splitlines()
+
+
+def _loads_of(lines: list[str], ptr: str) -> list[int]:
+    return [k for k, line in enumerate(lines) if f"tl.load({ptr} +" in line]
+
+
+def _first_reduction(lines: list[str]) -> int:
+    return next(k for k, line in enumerate(lines) if re.search(r"= tl\.(sum|max|min)\(", line))
+
+
+def _check(g: fg.Graph, feeds: list[torch.Tensor]) -> None:
+    plan = g.build()
+    assert all(k.backend == "triton" for k in plan.kernels), [(k.name, k.note) for k in plan.kernels]
+    outs = plan(*feeds)
+    refs = fg.reference(g)(*feeds)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    refs = refs if isinstance(refs, tuple) else (refs,)
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        assert_close(o, r, what=f"output {k}")
+
+
+def test_cross_entropy_reads_the_logits_once_before_any_reduction() -> None:
+    g, _ = _cross_entropy(64, 256)
+    plan = g.build()
+    assert len(plan.kernels) == 2   # per-row statistics, then the mean over rows
+    lines = _first_kernel_body(plan.kernels[0].source)
+    single = lines[lines.index("    if SINGLE:"):lines.index("    else:")]
+    assert len(_loads_of(single, "in0")) == 1, "the logits are loaded once per row"
+    assert not any(line.strip().startswith("for ") for line in single), "no second pass over the row"
+    loads = [k for k, line in enumerate(single) if "tl.load(" in line]
+    assert max(loads) < _first_reduction(single), "the target is loaded before the max and sums"
+    assert "| (64 % ROWS == 0)" in "\n".join(lines), "rows that divide fold the row mask"
+
+
+def test_layernorm_backward_reads_g_and_x_once_per_row_tile() -> None:
+    g, _ = _layernorm_backward(64, 256)
+    plan = g.build()
+    assert len(plan.kernels) == 1
+    lines = _first_kernel_body(plan.kernels[0].source)
+    loop = next(k for k, line in enumerate(lines) if line.strip().startswith("for "))
+    assert "for r0 in tl.range(0, RPP, ROWS, num_stages=STAGES)" in lines[loop]
+    assert sum(line.strip().startswith("for ") for line in lines) == 1, "one pass over the rows"
+    gy, x, w = (_loads_of(lines, p) for p in ("in0", "in1", "in2"))
+    assert len(gy) == 1 and len(x) == 1, "g and x are loaded once per row tile"
+    assert len(w) == 1 and w[0] < loop, "the weight is loaded once per program, before the loop"
+    assert max(gy + x) < _first_reduction(lines), "both tiles are loaded before the first reduction"
+
+
+def _each_candidate(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
+    original = lower.candidate_configs
+
+    def pick(gen: Any, options: Any = None) -> list[dict[str, Any]]:
+        cands = original(gen, options)
+        return [cands[index % len(cands)]]
+
+    monkeypatch.setattr(lower, "candidate_configs", pick)
+
+
+@pytest.mark.parametrize("m", [64, 60])
+@pytest.mark.parametrize("index", range(6))
+def test_cross_entropy_every_candidate_matches_reference(monkeypatch: pytest.MonkeyPatch, m: int, index: int) -> None:
+    _each_candidate(monkeypatch, index)
+    _check(*_cross_entropy(m, 256))
+
+
+@pytest.mark.parametrize("m", [64, 60])
+@pytest.mark.parametrize("index", range(7))
+def test_layernorm_backward_every_candidate_matches_reference(monkeypatch: pytest.MonkeyPatch, m: int,
+                                                              index: int) -> None:
+    _each_candidate(monkeypatch, index)
+    _check(*_layernorm_backward(m, 256))
+
+
+def test_row_column_candidates_cover_warps_stages_and_fill_the_gpu() -> None:
+    cands = _row_column_configs(16384, 4096)
+    assert cands[0]["STAGES"] == 2 and cands[0]["num_warps"] == 8 and cands[0]["RPP"] == 64
+    assert {c["num_warps"] for c in cands} == {8, 16}
+    assert {c["STAGES"] for c in cands} == {1, 2, 3}
+    for c in cands:
+        assert c["RPP"] % c["ROWS"] == 0 and 16384 % c["RPP"] == 0   # the row mask folds
+        assert c["SPLITS"] * c["RPP"] == 16384 and 128 <= c["SPLITS"] <= 512   # partials stay small
+
+
+def test_row_reduction_candidates_offer_more_rows_per_program() -> None:
+    from fusegraph.codegen.triton_gen import GeneratedKernel
+
+    gen = GeneratedKernel("k", "", "reduction", [], [], extent=32768, reduced_extent=4096)
+    cands = candidate_configs(gen)
+    assert cands[0] == {"ROWS": 1, "BLOCK_C": 4096, "num_warps": 8}
+    pairs = {(c["ROWS"], c["num_warps"]) for c in cands}
+    assert {(1, 4), (1, 16), (2, 16), (2, 8), (4, 16)} <= pairs
