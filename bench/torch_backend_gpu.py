@@ -26,7 +26,13 @@ import torch.nn.functional as F
 import fusegraph as fg
 from fusegraph.frontends.torch_partition import FallbackWarning
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}   # fp32 vs eager with TF32 off on both sides
+# float32: ours vs eager, TF32 off on both sides. Low precision: eager itself is off from the fp32
+# model (bf16 batch-norm backwards: ~5e-2), so both are compared with an fp32 reference (the same
+# weights and inputs in fp32) and ours fails only when its error exceeds 2x eager's + LOW_TOL.
+TOL = {torch.float32: 1e-4}
+LOW_TOL = 5e-3
+LAYOUT_OPS = {"reshape", "permute", "transpose", "expand", "slice", "getitem", "cast", "pad", "cat", "squeeze",
+              "unsqueeze", "flatten", "constant", "iota"}
 
 
 class Block(nn.Module):
@@ -143,6 +149,34 @@ def time_ms(fn: Callable[[], Any], iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
+def output_names(model: nn.Module, train: bool) -> list[str]:
+    return ["out"] + ([n for n, p in model.named_parameters() if p.requires_grad] if train else [])
+
+
+def fp32_reference(make: Callable[[], nn.Module], inputs: tuple[Any, ...], train: bool, dev: str) -> list[torch.Tensor]:
+    """The same model (seed 0) and inputs in float32, run eagerly: what low-precision results are judged by."""
+    torch.manual_seed(0)
+    model = make().to(dev)
+    inputs32 = tuple(x.float() if x.is_floating_point() else x for x in inputs)
+    return step(model, inputs32, train, [p for p in model.parameters() if p.requires_grad])
+
+
+def kernel_summary(report: Any) -> dict[str, Any]:
+    """Per ATen graph kind: Plan kernels, how many only move data (layout ops), eager partitions/ops."""
+    out: dict[str, Any] = {}
+    for graph in report.graphs:
+        kernels = [k for p in graph.partitions if p.status == "fusegraph" for k in p.kernel_ops]
+        layout = [k for k in kernels if set(k.split(": ", 1)[1].split("+")) <= LAYOUT_OPS]
+        kinds: dict[str, int] = {}
+        for k in kernels:
+            kinds[k.split(": ")[0]] = kinds.get(k.split(": ")[0], 0) + 1
+        out[graph.kind] = {"kernels": len(kernels), "layout_only": len(layout), "by_kind": kinds,
+                           "partitions": sum(p.status == "fusegraph" for p in graph.partitions),
+                           "eager_partitions": sum(p.status != "fusegraph" for p in graph.partitions),
+                           "eager_ops": sum(graph.fallbacks.values()), "list": kernels}
+    return out
+
+
 def run_case(name: str, make: Callable[[], nn.Module], make_inputs: Callable[[torch.dtype], tuple[Any, ...]],
              train: bool, dtype: torch.dtype, dev: str, inductor: bool) -> dict[str, Any]:
     torch.manual_seed(0)
@@ -153,6 +187,7 @@ def run_case(name: str, make: Callable[[], nn.Module], make_inputs: Callable[[to
     row: dict[str, Any] = {"model": name, "dtype": str(dtype).replace("torch.", ""), "train": train}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ref = step(model, inputs, train, params)
+    ref32 = fp32_reference(make, inputs, train, dev) if dtype != torch.float32 else None
     torch._dynamo.reset()
     compiled = fg.compile(model)
     with warnings.catch_warnings(record=True) as caught:
@@ -163,9 +198,22 @@ def run_case(name: str, make: Callable[[], nn.Module], make_inputs: Callable[[to
         if dev == "cuda":
             torch.cuda.synchronize()
         row["compile_s"] = round(time.perf_counter() - t0, 2)
-    row["max_rel_err"] = max(rel_err(g, r) for g, r in zip(got, ref, strict=True))
-    row["ok"] = row["max_rel_err"] <= TOL[dtype]
+    names = output_names(model, train)
+    errs = [rel_err(g, r) for g, r in zip(got, ref, strict=True)]
+    row["max_rel_err"] = max(errs)
+    row["worst_output"] = names[errs.index(row["max_rel_err"])]
+    if ref32 is None:
+        row["ok"] = row["max_rel_err"] <= TOL[dtype]
+    else:  # judged against fp32, allowing what eager in this dtype gets wrong too
+        ours = [rel_err(g, r) for g, r in zip(got, ref32, strict=True)]
+        eager = [rel_err(e, r) for e, r in zip(ref, ref32, strict=True)]
+        ratio = [o / (2 * e + LOW_TOL) for o, e in zip(ours, eager, strict=True)]
+        worst = ratio.index(max(ratio))
+        row["vs_fp32"] = {"output": names[worst], "ours": ours[worst], "eager": eager[worst]}
+        row["max_err_vs_fp32"] = {"ours": max(ours), "eager": max(eager)}
+        row["ok"] = max(ratio) <= 1.0
     row["fallback_ops"] = compiled.fusegraph_report.fallback_ops
+    row["kernels"] = kernel_summary(compiled.fusegraph_report)
     row["warnings"] = len(caught)
     row["eager_ms"] = time_ms(lambda: step(model, inputs, train, params))
     row["fusegraph_ms"] = time_ms(lambda: step(compiled, inputs, train, params))
@@ -196,19 +244,23 @@ def main() -> None:
             try:
                 row = run_case(name, make, make_inputs, train, dtype, dev, not args.cpu_smoke)
             except Exception as err:  # the backend must never raise; a raise here is a bug to report
-                row = {"model": name, "dtype": str(dtype), "train": train, "ok": False,
+                row = {"model": name, "dtype": str(dtype).replace("torch.", ""), "train": train, "ok": False,
                        "error": f"{type(err).__name__}: {err}"[:500]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| model | dtype | ok | rel err | eager ms | inductor ms | fusegraph ms | compile s | fallbacks |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | dtype | ok | rel err vs eager | vs fp32: ours / eager (output) | eager ms | inductor ms "
+          "| fusegraph ms | compile s | kernels (layout-only) per graph | fallbacks |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['dtype']} | ERROR | {r['error'][:80]} | | | | | |")
+            print(f"| {r['model']} | {r['dtype']} | ERROR | {r['error'][:80]} | | | | | | | |")
             continue
-        print(f"| {r['model']} | {r['dtype']} | {r['ok']} | {r['max_rel_err']:.1e} | {r['eager_ms']:.3f} | "
-              f"{r['inductor_ms']:.3f} | {r['fusegraph_ms']:.3f} | {r['compile_s']} | "
-              f"{', '.join(r['fallback_ops']) or '-'} |")
+        low = r.get("vs_fp32")
+        vs32 = f"{low['ours']:.1e} / {low['eager']:.1e} ({low['output']})" if low else "-"
+        kernels = ", ".join(f"{kind} {k['kernels']} ({k['layout_only']})" for kind, k in r["kernels"].items())
+        print(f"| {r['model']} | {r['dtype']} | {r['ok']} | {r['max_rel_err']:.1e} ({r['worst_output']}) | {vs32} | "
+              f"{r['eager_ms']:.3f} | {r['inductor_ms']:.3f} | {r['fusegraph_ms']:.3f} | {r['compile_s']} | "
+              f"{kernels} | {', '.join(r['fallback_ops']) or '-'} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "torch_backend_gpu.json"), "w") as f:
             json.dump(rows, f, indent=1)

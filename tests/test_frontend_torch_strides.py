@@ -73,3 +73,20 @@ def test_dense_strides_in_order():
     gapped = torch.empty(2, 4, 3, 10)[..., :5].permute(0, 2, 1, 3)   # [2, 3, 4, 5], inner rows padded
     assert dense_strides_in_order(gapped) == (60, 5, 15, 1)
     assert dense_strides_in_order(torch.empty(3, 1).expand(3, 4)) is None   # overlapping
+
+
+def test_gapped_value_from_our_partition_feeds_the_next_without_a_rebuild():
+    # what the forward saves for the backward: the next partition was traced with the gapped strides
+    # but is built for what our partitions hand over (dense, same order): no second Plan at run time
+    x, w = rand(B * T, 4), rand(4, 3 * H * D)
+    q, _ = _split(_qkv_heads, x, w)(x, w)
+    traced_q = _qkv_heads(x, w)[0]
+    assert traced_q.stride() != q.stride()
+
+    def scale_heads(q: torch.Tensor) -> torch.Tensor:
+        return aten.mul.Tensor(q, 2.0)
+
+    consumer = _split(scale_heads, traced_q)
+    (fused,) = [m for name, m in consumer.named_children() if name.startswith("fused")]
+    assert_close(consumer(q), traced_q * 2.0)
+    assert fused.plan._variants == {}

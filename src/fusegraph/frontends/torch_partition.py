@@ -150,6 +150,8 @@ class PartitionRecord:
     status: str = "pending"          # "fusegraph" or "eager"
     reason: str = ""
     kernels: int = 0
+    # one line per Plan kernel: "kind/backend: op+op+..." (fg.explain, bench/torch_backend_gpu.py)
+    kernel_ops: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -179,7 +181,9 @@ class CompiledPartition(torch.nn.Module):
         self._out_vals: list[Any] = []
         try:
             self._build(input_vals, build_options)
-            record.status, record.kernels = "fusegraph", len(self.plan.kernels) if self.plan is not None else 0
+            kernels = self.plan.kernels if self.plan is not None else []
+            record.status, record.kernels = "fusegraph", len(kernels)
+            record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in kernels]
         except Exception as err:  # any translation or build failure: this partition runs in torch
             if settings.debug >= 2:
                 traceback.print_exc()
@@ -205,7 +209,7 @@ class CompiledPartition(torch.nn.Module):
             if not isinstance(val, torch.Tensor):
                 raise TypeError(f"partition input {node.name} is a {type(val).__name__}, not a tensor")
             self._plan_inputs.append(index)
-            shape, strides = tuple(val.shape), tuple(val.stride())
+            shape, strides = tuple(val.shape), boundary_strides(val)
             dense = strides == contiguous_strides(shape)
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
                                  layout=None if dense else "strided", strides=None if dense else strides,
@@ -309,11 +313,24 @@ def _with_strides(out: torch.Tensor, val: Any) -> torch.Tensor:
     the same stride order; an overlapping one (an expand) is returned as it is."""
     if not isinstance(val, torch.Tensor) or out.stride() == val.stride() or out.dim() == 0:
         return out
-    strides = tuple(val.stride()) if is_non_overlapping_and_dense(val) else dense_strides_in_order(val)
-    if strides is None or strides == out.stride():
+    if dense_strides_in_order(val) is None:
+        return out  # an overlapping traced layout (an expand): as it is
+    strides = boundary_strides(val)
+    if strides == out.stride():
         return out
     restrided = torch.empty_strided(tuple(val.shape), strides, dtype=out.dtype, device=out.device)
     return restrided.copy_(out)
+
+
+def boundary_strides(val: torch.Tensor) -> tuple[int, ...]:
+    """The strides a tensor crossing a partition boundary has at run time when our partitions made
+    it: the traced ones, except that a traced value with gaps comes dense in the same order
+    (_with_strides). Partition inputs are built for these, so a value saved by our forward and read
+    by our backward needs no rebuild of the backward's Plan."""
+    if is_non_overlapping_and_dense(val):
+        return tuple(val.stride())
+    ordered = dense_strides_in_order(val)
+    return tuple(val.stride()) if ordered is None else ordered
 
 
 def dense_strides_in_order(t: torch.Tensor) -> tuple[int, ...] | None:
