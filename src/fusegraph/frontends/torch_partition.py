@@ -181,7 +181,7 @@ class CompiledPartition(torch.nn.Module):
         self._out_vals: list[Any] = []
         try:
             self._build(input_vals, build_options)
-            kernels = self.plan.kernels if self.plan is not None else []
+            kernels: list[Any] = self.plan.kernels if self.plan is not None else []
             record.status, record.kernels = "fusegraph", len(kernels)
             record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in kernels]
         except Exception as err:  # any translation or build failure: this partition runs in torch
