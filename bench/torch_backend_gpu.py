@@ -4,6 +4,7 @@ speed comparison with eager and Inductor, on small real-shaped models (inference
     python bench/torch_backend_gpu.py [--quick]       # on the GPU; writes $OUT/torch_backend_gpu.json when OUT is set
 
     TRITON_INTERPRET=1 python bench/torch_backend_gpu.py --cpu-smoke    # the script itself, tiny, on CPU
+    python bench/torch_backend_gpu.py --quick --only block-sdpa-train --dtypes bfloat16     # one case
 
 Not the model zoo (issue 5 step 6): this is the backend's smoke test on the GPU, run by the lead.
 """
@@ -231,13 +232,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller batches")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="tiny shapes on CPU, float32, no Inductor (checks the script under TRITON_INTERPRET=1)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these models (names as in the table)")
+    parser.add_argument("--dtypes", nargs="*", default=None,
+                        help="dtypes to run (default float32 bfloat16; --cpu-smoke: float32; on CPU use float16, "
+                             "not bfloat16: the Triton interpreter's bf16 tl.dot is wrong)")
     args = parser.parse_args()
     dev = "cpu" if args.cpu_smoke else "cuda"
     dtypes = (torch.float32,) if args.cpu_smoke else (torch.float32, torch.bfloat16)
+    if args.dtypes:
+        dtypes = tuple(getattr(torch, name) for name in args.dtypes)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows = []
     for name, make, make_inputs, train in cases(args.quick, dev, args.cpu_smoke):
+        if args.only and name not in args.only:
+            continue
         for dtype in dtypes:
             if name == "tiny-gpt-train" and dtype != torch.float32:
                 continue  # token inputs: the float32 model only
