@@ -81,6 +81,8 @@ def _compiled(fn, kind, *example):
     gm = make_fx(fn, tracing_mode="fake")(*example)
     split, record = partition_graph(gm, kind, {}, lambda message: None)
     assert record.fallbacks == {} and [p.status for p in record.partitions] == ["fusegraph"], record
+    (part,) = record.partitions
+    assert len(part.kernel_ops) == part.kernels and any(k.startswith("attention/") for k in part.kernel_ops)
     return split
 
 

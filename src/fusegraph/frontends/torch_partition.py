@@ -271,7 +271,10 @@ class CompiledPartition(torch.nn.Module):
         """Zeros for an attention philox seed/offset (no dropout: nothing reads them), on the traced
         device (torch keeps them on the CPU) or, traced on the meta device, the partition's."""
         device = val.device if val.device.type != "meta" else self._device or "cpu"
-        return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
+        try:
+            return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
+        except RuntimeError:  # no fill kernel for this dtype on this device (uint64): unread anyway
+            return torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
 
 
 # View ops replayed by torch on a partition input when their result is a partition output.
