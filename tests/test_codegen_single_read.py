@@ -65,10 +65,14 @@ def test_cross_entropy_reads_the_logits_once_before_any_reduction() -> None:
     assert len(plan.kernels) == 2   # per-row statistics, then the mean over rows
     lines = _first_kernel_body(plan.kernels[0].source)
     single = lines[lines.index("    if SINGLE:"):lines.index("    else:")]
-    assert len(_loads_of(single, "in0")) == 1, "the logits are loaded once per row"
+    logits = _loads_of(single, "in0")
+    assert len(logits) == 2, "the logits' row once, and the target logit gathered (one element)"
+    assert sum("+ cols," in single[k] for k in logits) == 1
+    assert sum(bool(re.search(r"= tl\.sum\(", line)) for line in single) == 1, "one sum: of the exps"
+    assert "tl.math.exp2(" in "\n".join(single), "exp(x - max) is one FFMA and an ftz ex2"
     assert not any(line.strip().startswith("for ") for line in single), "no second pass over the row"
     loads = [k for k, line in enumerate(single) if "tl.load(" in line]
-    assert max(loads) < _first_reduction(single), "the target is loaded before the max and sums"
+    assert max(loads) < _first_reduction(single), "the target (and its logit) load before the max"
     assert "| (64 % ROWS == 0)" in "\n".join(lines), "rows that divide fold the row mask"
 
 
@@ -129,3 +133,15 @@ def test_row_reduction_candidates_offer_more_rows_per_program() -> None:
     assert cands[0] == {"ROWS": 1, "BLOCK_C": 4096, "num_warps": 8}
     pairs = {(c["ROWS"], c["num_warps"]) for c in cands}
     assert {(1, 4), (1, 16), (2, 16), (2, 8), (4, 16)} <= pairs
+
+
+def test_cross_entropy_gather_skips_ignored_targets_and_keeps_label_smoothing() -> None:
+    g = fg.Graph("ce_ignore")
+    x, t = g.tensor((12, 40), "float32", "x"), g.tensor((12,), "int64", "t")
+    g.cross_entropy(x, t, reduction="none").set_output()
+    g.cross_entropy(x, t, label_smoothing=0.1).set_output()
+    targets = torch.randint(0, 40, (12,))
+    targets[[1, 5, 11]] = -100
+    plan = g.build()
+    assert any("_at = tl.where(" in k.source for k in plan.kernels), "the target logit is gathered"
+    _check(g, [rand(12, 40), targets])

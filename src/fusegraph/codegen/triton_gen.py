@@ -25,6 +25,7 @@ TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bf
 HEADER = ("import triton\nimport triton.language as tl\n"
           "from triton.language.extra import libdevice  # noqa: F401\n\n\n")
 INT32_LIMIT = 2**31 - 1
+LOG2E = 1.4426950408889634
 SPLIT_MIN_EXTENT = 512    # column reductions at least this long are split across programs
 
 
@@ -67,6 +68,7 @@ class _Writer:
         self.lines: list[str] = []
         self.zero_index = "0"  # an index expression of the tile's shape that is always 0
         self.wide = max([_max_offset(n) for n in self.inputs + self.outputs] + [0]) > INT32_LIMIT
+        self.shifted_exps: dict[str, tuple[str, str]] = {}   # exp(a - max(a)) entries: key -> (a, max)
 
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
@@ -105,6 +107,12 @@ class _Writer:
             if dtypes.is_float(entry.node.dtype):
                 load += ".to(tl.float32)"
             self.emit(f"{entry.key} = {load}", indent)
+        elif entry.key in self.shifted_exps:
+            # exp(a - m) with m = max(a): one FFMA and ex2.approx.ftz (tl.exp's non-ftz ex2 costs
+            # three more instructions an element to handle denormal results, which are < 1e-38
+            # here next to the row's largest term, 1)
+            a, m = (self.expr[k] for k in self.shifted_exps[entry.key])
+            self.emit(f"{entry.key} = tl.math.exp2({a} * {LOG2E} - {m} * {LOG2E})", indent)
         else:
             args = [self.expr[a] for a in entry.args]
             expr = _op_expr(entry.node, args)
@@ -274,9 +282,19 @@ class _ReductionWriter(_Writer):
         self.emit(f"mask = rmask & {whole_row_mask(cols)}", 2)
         for line in red_lines:
             self.emit(line, 2)
+        gathers = {} if self.column else _one_hot_gathers(entries, dom.reduced)
+        self.shifted_exps = _shifted_exps(entries)
+        by_key = {e.key: e for e in entries}
         self.hoisted_loads(entries, dimvar, 2)
+        for key, (source, index) in gathers.items():   # loaded indices: gather before any reduction
+            if index.kind == "load":
+                self._gather(by_key[key], source, index, dimvar, cols)
         for e in entries:
-            if e.kind == "reduce":
+            if e.key in gathers and e.key not in self.expr:
+                self._gather(e, *gathers[e.key], dimvar, cols)
+            elif e.key in gathers:
+                continue
+            elif e.kind == "reduce":
                 self._reduce_single(e, ax)
             elif e.kind != "load":
                 self.value(e, "mask" if e.full else "rmask", dimvar, 2)
@@ -286,6 +304,21 @@ class _ReductionWriter(_Writer):
         self._looped(entries, dimvar, red_lines, c_tile, ax, cols)
         return GeneratedKernel(self.name, self.module(head + self.lines), "reduction", self.inputs,
                                self.outputs, extent=rows, reduced_extent=cols, column=self.column)
+
+    def _gather(self, e: Entry, source: Entry, index: Entry, dimvar: dict[int, str], cols: int) -> None:
+        """sum(where(iota == index, source, 0)) over the row: load source[row, index] (0 where the
+        index is outside the row, e.g. an ignore_index) instead of a select and a reduction over
+        every element (cross-entropy's target logit)."""
+        idx = self.expr[index.key]
+        at = dict(dimvar)
+        at[self.domain.reduced[0]] = f"{e.key}_at"
+        self.emit(f"{e.key}_at = tl.where(({idx} >= 0) & ({idx} < {cols}), {idx}, 0)", 2)
+        ptr = f"{self.ptr[source.node.id]} + {self.offset(source.node, source.emb, at)}"
+        load = f"tl.load({ptr}, mask=rmask & ({idx} >= 0) & ({idx} < {cols}), other=0)"
+        if dtypes.is_float(source.node.dtype):
+            load += ".to(tl.float32)"
+        self.emit(f"{e.key} = {load}", 2)
+        self.expr[e.key] = e.key
 
     def hoisted_loads(self, entries: list[Entry], dimvar: dict[int, str], indent: int) -> None:
         """Every load of the row tile, issued before the first reduction: a load written after a
@@ -397,6 +430,61 @@ class _ReductionWriter(_Writer):
                     self.emit(f"{e.key} = tl.sum(acc_{e.key} * tl.exp(acc_{m} - {m}_safe), axis={ax}, "
                               "keep_dims=True)", 2)
                     self.expr[e.key] = e.key
+
+
+def _one_hot_gathers(entries: list[Entry], reduced: tuple[int, ...]) -> dict[str, tuple[Entry, Entry]]:
+    """Row sums of where(iota == index, x, 0), x a loaded input and index one integer per row (the
+    one-hot pick of cross-entropy): reduce key -> (x's load, the index entry)."""
+    if len(reduced) != 1:
+        return {}
+    by_key = {e.key: e for e in entries}
+
+    def under(key: str) -> Entry:   # through views and float casts that do not narrow
+        e = by_key[key]
+        while e.kind == "view" or (e.kind == "op" and _is_free_cast(e.node) and not _narrows(e.node)):
+            e = by_key[e.args[0]]
+        return e
+
+    out = {}
+    for e in entries:
+        if e.kind != "reduce" or _combine(e) != "sum" or e.node.dtype != "float32":
+            continue
+        where = under(e.args[0])
+        if where.kind != "op" or where.node.op != "where" or len(where.args) != 3:
+            continue
+        eq, source, zero = (under(a) for a in where.args)
+        literal = get_op(zero.node.op).triton if zero.kind == "literal" else None
+        if literal is None or str(literal([], zero.node.attrs)) not in ("0", "0.0"):
+            continue
+        if source.kind != "load" or not source.full or not dtypes.is_float(source.node.dtype):
+            continue
+        if eq.kind != "op" or eq.node.op != "eq" or len(eq.args) != 2:
+            continue
+        a, b = (under(k) for k in eq.args)
+        iota, index = (a, b) if a.kind == "gen" else (b, a)
+        if iota.kind != "gen" or iota.node.op != "iota" or index.full or index.kind == "gen":
+            continue
+        dim = int(iota.node.attrs["dim"]) % len(iota.node.shape)
+        if iota.emb[dim] != reduced[0] or not dtypes.is_int(iota.node.dtype) or not dtypes.is_int(index.node.dtype):
+            continue
+        out[e.key] = (source, index)
+    return out
+
+
+def _shifted_exps(entries: list[Entry]) -> dict[str, tuple[str, str]]:
+    """fp32 exp(a - max(a)) entries (values in (0, 1]): key -> (a's key, the max's key)."""
+    by_key = {e.key: e for e in entries}
+    out = {}
+    for e in entries:
+        if e.kind != "op" or e.node.op != "exp" or e.node.dtype != "float32":
+            continue
+        sub = by_key[e.args[0]]
+        if sub.kind != "op" or sub.node.op != "sub" or sub.node.dtype != "float32" or len(sub.args) != 2:
+            continue
+        m = by_key[sub.args[1]]
+        if m.kind == "reduce" and _combine(m) == "max" and m.args[0] == sub.args[0]:
+            out[e.key] = (sub.args[0], m.key)
+    return out
 
 
 def _online_softmax_pairs(entries: list[Entry], by_key: dict[str, Entry]) -> dict[str, Entry]:
