@@ -115,3 +115,25 @@ def test_training_attention_ops_forward_and_backward_are_ours(ops, dtype):
     want_lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2) / D ** 0.5
                                + torch.full((S, S), float("-inf")).triu(1), dim=-1)
     assert_close(lse.reshape(B, H, -1)[..., :S], want_lse, what="lse (natural log)")
+
+
+def test_efficient_attention_with_a_bias():
+    # an additive bias is our float mask; with is_causal too (torch's fused kernels allow it, we do
+    # not) the op stays eager and says why, the rest of the graph is still ours
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    bias = torch.randn(B, H, S, S)
+
+    def biased(q, k, v, bias):
+        return aten._scaled_dot_product_efficient_attention.default(q, k, v, bias, False, 0.0, False)[0]
+
+    out = _compiled(biased, "inference", q, k, v, bias)(q, k, v, bias)
+    assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+    def biased_causal(q, k, v, bias):
+        return aten._scaled_dot_product_efficient_attention.default(q * 2, k, v, bias, False, 0.0, True)[0]
+
+    gm = make_fx(biased_causal, tracing_mode="fake")(q, k, v, bias)
+    _, record = partition_graph(gm, "inference", {}, lambda message: None)
+    assert record.fallbacks == {("aten._scaled_dot_product_efficient_attention.default",
+                                 "attention bias together with is_causal"): 1}
+    assert [p.status for p in record.partitions] == ["fusegraph"]   # q * 2

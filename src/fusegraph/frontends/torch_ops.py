@@ -48,8 +48,9 @@ class Ctx:
         return dtypes.canonical(self.val.dtype)
 
     def used_outputs(self) -> set[int]:
-        """Which items of a multi-output node are read (through getitem)."""
-        return {int(u.args[1]) for u in self.node.users if u.target is operator.getitem}  # type: ignore[arg-type]
+        """Which items of a multi-output node are read (through a getitem that has users)."""
+        return {int(u.args[1]) for u in self.node.users  # type: ignore[arg-type]
+                if u.target is operator.getitem and u.users}
 
 
 Translator = Callable[..., Any]
@@ -137,8 +138,9 @@ def _full_constant(cx: Ctx, value: Any, shape: Sequence[int], dtype: str) -> Any
 
 
 def node_users_only_first(node: torch.fx.Node) -> bool:
-    """Only the first output of a multi-output node is read (its statistics/indices are not)."""
-    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+    """Only the first output of a multi-output node is read (its statistics/indices are not;
+    a getitem nobody reads does not count)."""
+    return all(u.target is operator.getitem and (u.args[1] == 0 or not u.users) for u in node.users)
 
 
 # ---------------- pointwise ----------------

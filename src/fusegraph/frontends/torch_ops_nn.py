@@ -201,9 +201,15 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
     return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
 
 
+def _bias_and_causal(node: torch.fx.Node, bias_index: int, causal_index: int) -> bool:
+    return _arg(node, bias_index, "attn_bias", None) is not None and bool(_arg(node, causal_index, "is_causal", False))
+
+
 def _efficient_supports(node: torch.fx.Node) -> str | None:
     if _arg(node, 5, "dropout_p", 0.0):
         return "attention dropout"
+    if _bias_and_causal(node, 3, 6):
+        return "attention bias together with is_causal"
     if _arg(node, 4, "compute_log_sumexp", False) is False and not node_users_only_first(node):
         return "attention statistics read without compute_log_sumexp"
     return None
@@ -220,6 +226,8 @@ def _sdpa_efficient(cx: Ctx, q: Any, k: Any, v: Any, attn_bias: Any, compute_log
 def _efficient_backward_supports(node: torch.fx.Node) -> str | None:
     if node.args[9]:
         return "attention dropout"
+    if _bias_and_causal(node, 4, 11):
+        return "attention bias together with is_causal"
     mask: Any = node.args[10]
     return "gradient of the attention bias" if node.args[4] is not None and mask[3] else None
 
@@ -237,6 +245,8 @@ def _sdpa_efficient_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, attn_bi
 def _cudnn_supports(node: torch.fx.Node) -> str | None:
     if _arg(node, 5, "dropout_p", 0.0):
         return "attention dropout"
+    if _bias_and_causal(node, 3, 6):
+        return "attention bias together with is_causal"
     if _arg(node, 4, "compute_log_sumexp", False) is False and not node_users_only_first(node):
         return "attention statistics read without compute_log_sumexp"
     return None
@@ -252,7 +262,8 @@ def _sdpa_cudnn(cx: Ctx, q: Any, k: Any, v: Any, attn_bias: Any, compute_log_sum
 
 
 @translates(aten._scaled_dot_product_cudnn_attention_backward.default,
-            supports=lambda n: None if not n.args[13] else "attention dropout")
+            supports=lambda n: "attention dropout" if n.args[13] else
+            "attention bias together with is_causal" if _bias_and_causal(n, 8, 14) else None)
 def _sdpa_cudnn_backward(cx: Ctx, grad: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, philox_seed: Any,
                          philox_offset: Any, attn_bias: Any, cum_seq_q: Any, cum_seq_k: Any, max_q: Any, max_k: Any,
                          dropout_p: float, is_causal: bool, *, scale: Any = None) -> Any:
