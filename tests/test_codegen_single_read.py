@@ -108,7 +108,7 @@ def test_cross_entropy_every_candidate_matches_reference(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("m", [64, 60])
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_layernorm_backward_every_candidate_matches_reference(monkeypatch: pytest.MonkeyPatch, m: int,
                                                               index: int) -> None:
     _each_candidate(monkeypatch, index)
@@ -118,7 +118,7 @@ def test_layernorm_backward_every_candidate_matches_reference(monkeypatch: pytes
 def test_row_column_candidates_cover_warps_stages_and_fill_the_gpu() -> None:
     cands = _row_column_configs(16384, 4096)
     assert cands[0]["STAGES"] == 2 and cands[0]["num_warps"] == 8 and cands[0]["RPP"] == 64
-    assert {c["num_warps"] for c in cands} == {8, 16}
+    assert {c["num_warps"] for c in cands} == {4, 8, 16}
     assert {c["STAGES"] for c in cands} == {1, 2, 3}
     for c in cands:
         assert c["RPP"] % c["ROWS"] == 0 and 16384 % c["RPP"] == 0   # the row mask folds

@@ -90,7 +90,8 @@ def _row_column_configs(rows: int, cols: int) -> list[dict[str, Any]]:
     wide = min(16, warps * 2)
     half, quarter = TARGET_PROGRAMS // 2, TARGET_PROGRAMS // 4
     plan = [(half, step, warps, 2), (half, step, warps, 3), (half, step, wide, 1), (half, step, warps, 1),
-            (quarter, step, wide, 2), (quarter, 2 * step, wide, 1), (TARGET_PROGRAMS, step, warps, 2)]
+            (quarter, step, wide, 2), (quarter, 2 * step, wide, 1), (TARGET_PROGRAMS, step, warps, 2),
+            (half, step, max(1, warps // 2), 2)]   # fewest instructions a row, 8 warps an SM
     out: list[dict[str, Any]] = []
     for programs, tile_rows, w, stages in plan:
         tile_rows = min(tile_rows, next_pow2(rows))
