@@ -62,18 +62,23 @@ def _check(g: fg.Graph, feeds: list[torch.Tensor]) -> None:
 def test_cross_entropy_reads_the_logits_once_before_any_reduction() -> None:
     g, _ = _cross_entropy(64, 256)
     plan = g.build()
-    assert len(plan.kernels) == 2   # per-row statistics, then the mean over rows
-    lines = _first_kernel_body(plan.kernels[0].source)
-    single = lines[lines.index("    if SINGLE:"):lines.index("    else:")]
-    logits = _loads_of(single, "in0")
+    assert len(plan.kernels) == 1, "per-row loss and its mean in one pass (+ a finish over partials)"
+    source = plan.kernels[0].source
+    assert "_finish" in source
+    lines = _first_kernel_body(source)
+    loop = next(k for k, line in enumerate(lines) if line.strip().startswith("for "))
+    assert "for r0 in tl.range(0, RPP, ROWS, num_stages=STAGES)" in lines[loop]
+    assert sum(line.strip().startswith("for ") for line in lines) == 1, "no second pass over the row"
+    body = [line for line in lines[loop + 1:] if line.startswith("        ")]
+    logits = _loads_of(body, "in0")
     assert len(logits) == 2, "the logits' row once, and the target logit gathered (one element)"
-    assert sum("+ cols," in single[k] for k in logits) == 1
-    assert sum(bool(re.search(r"= tl\.sum\(", line)) for line in single) == 1, "one sum: of the exps"
-    assert "tl.math.exp2(" in "\n".join(single), "exp(x - max) is one FFMA and an ftz ex2"
-    assert not any(line.strip().startswith("for ") for line in single), "no second pass over the row"
-    loads = [k for k, line in enumerate(single) if "tl.load(" in line]
-    assert max(loads) < _first_reduction(single), "the target (and its logit) load before the max"
-    assert "| (64 % ROWS == 0)" in "\n".join(lines), "rows that divide fold the row mask"
+    assert sum("+ cols," in body[k] for k in logits) == 1
+    assert sum(bool(re.search(r"= tl\.sum\(", line)) for line in body) == 1, "one row sum: of the exps"
+    assert "tl.math.exp2(" in "\n".join(body), "exp(x - max) is one FFMA and an ftz ex2"
+    loads = [k for k, line in enumerate(body) if "tl.load(" in line]
+    assert max(loads) < _first_reduction(body), "the target (and its logit) load before the max"
+    assert "| (64 % RPP == 0)" in "\n".join(body), "rows that divide fold the row mask"
+    assert "acc_" in body[-1] and "[ROWS, 1]" in "\n".join(lines[:loop]), "per-row loss partials"
 
 
 def test_layernorm_backward_reads_g_and_x_once_per_row_tile() -> None:
@@ -101,7 +106,7 @@ def _each_candidate(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
 
 
 @pytest.mark.parametrize("m", [64, 60])
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_cross_entropy_every_candidate_matches_reference(monkeypatch: pytest.MonkeyPatch, m: int, index: int) -> None:
     _each_candidate(monkeypatch, index)
     _check(*_cross_entropy(m, 256))

@@ -87,18 +87,27 @@ def test_one_kernel_workloads(build: str) -> None:
     assert plan.kernels[0].cost.bytes <= 2 * M * N * 2 + N * 2
 
 
-def test_cross_entropy_forward_is_a_row_kernel_and_a_tiny_mean() -> None:
-    # Two kernels by design: the mean over rows reduces across programs; fusing it would need
-    # atomics (non-deterministic). The second kernel reads 3 numbers per row, not the logits.
+def test_cross_entropy_forward_is_one_pass_with_partials_of_the_mean() -> None:
+    # The mean over rows reduces across programs without atomics: each program sums its rows'
+    # losses into one partial, and the pair's finish kernel reduces the partials in order.
     g = fg.Graph("ce")
     x = g.tensor((M, N), "bfloat16", "x")
     t = g.tensor((M,), "int64", "t")
     g.cross_entropy(x, t).set_output()
     plan = _check(g, [rand(M, N, dtype=torch.bfloat16), torch.randint(0, N, (M,))])
-    assert len(plan.kernels) == 2
-    row, mean = plan.kernels
-    assert row.cost.bytes < M * N * 2 + 4 * M * 8
-    assert mean.cost.bytes < 8 * M * 4 and all(n.shape != (M, N) for n in mean.inputs if n.name != "t")
+    assert len(plan.kernels) == 1
+    kernel = plan.kernels[0]
+    assert "_finish" in kernel.source and kernel.outputs[0].shape == ()
+    assert kernel.cost.bytes < M * N * 2 + M * 8 + 64
+
+
+def test_cross_entropy_without_reduction_stays_a_row_kernel() -> None:
+    g = fg.Graph("ce_none")
+    x = g.tensor((M, N), "bfloat16", "x")
+    t = g.tensor((M,), "int64", "t")
+    g.cross_entropy(x, t, reduction="none").set_output()
+    plan = _check(g, [rand(M, N, dtype=torch.bfloat16), torch.randint(0, N, (M,))])
+    assert len(plan.kernels) == 1 and "_finish" not in plan.kernels[0].source
 
 
 def test_layernorm_backward_materializes_no_full_size_intermediate() -> None:

@@ -33,7 +33,7 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
     rows, cols = gen.extent, gen.reduced_extent
     if gen.meta.get("row_column"):
-        return _row_column_configs(gen.meta["rows"], gen.meta["cols"])
+        return _row_column_configs(gen.meta["rows"], gen.meta["cols"], gen.extent)
     if gen.finish_name:
         return [_split_config(rows, cols, kept, red, warps)
                 for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
@@ -78,27 +78,38 @@ def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict
             "num_warps": warps}
 
 
-def _row_column_configs(rows: int, cols: int) -> list[dict[str, Any]]:
+def _row_column_configs(rows: int, cols: int, extent: int | None = None) -> list[dict[str, Any]]:
     """Row + column pass. Each program walks its RPP rows one ROWS-row tile at a time, so the rows
     in flight per SM are (programs resident per SM) x ROWS, plus the next tile when STAGES > 1
     (Triton's pipeliner copies it with cp.async while this one computes). At 4096 columns a
     program needs ~128 registers a thread at 8 warps (two resident per SM), so RPP is chosen for
-    one balanced wave of ~2 programs per SM; 16 warps with the prefetch fit one per SM."""
+    one balanced wave of ~2 programs per SM; 16 warps with the prefetch fit one per SM. `extent`:
+    the column results (= cols; 1 for a full reduction over the rows), FROWS of them a finish program."""
+    extent = cols if extent is None else extent
     whole = next_pow2(cols)
     step = max(1, min(next_pow2(rows), 2048 // whole, 64))
     warps = max(1, min(16, whole * step // 512))
     wide = min(16, warps * 2)
     half, quarter = TARGET_PROGRAMS // 2, TARGET_PROGRAMS // 4
-    plan = [(half, step, warps, 2), (half, step, warps, 3), (half, step, wide, 1), (half, step, warps, 1),
-            (quarter, step, wide, 2), (quarter, 2 * step, wide, 1), (TARGET_PROGRAMS, step, warps, 2),
-            (half, step, max(1, warps // 2), 2)]   # fewest instructions a row, 8 warps an SM
+    if extent == 1:
+        # one partial a program (a mean over rows): light kernels (cross-entropy: ~32-48 registers,
+        # 6-16 programs an SM) and partials of one number, so many short programs: the last wave
+        # stays short; given as rows per program
+        plan = [(rows // 8, step, warps, 2), (rows // 16, step, max(1, warps // 2), 2), (rows // 4, step, warps, 1),
+                (rows // 8, step, wide, 2), (rows // 32, step, warps, 2), (rows // 8, 2 * step, warps, 2),
+                (rows // 4, step, max(1, warps // 2), 1)]
+    else:
+        plan = [(half, step, warps, 2), (half, step, warps, 3), (half, step, wide, 1), (half, step, warps, 1),
+                (quarter, step, wide, 2), (quarter, 2 * step, wide, 1), (TARGET_PROGRAMS, step, warps, 2),
+                (half, step, max(1, warps // 2), 2)]   # fewest instructions a row, 8 warps an SM
     out: list[dict[str, Any]] = []
     for programs, tile_rows, w, stages in plan:
+        programs = max(1, programs)
         tile_rows = min(tile_rows, next_pow2(rows))
         per_program = max(tile_rows, next_pow2(_cdiv(rows, programs)))
         splits = _cdiv(rows, per_program)
         cfg = {"ROWS": tile_rows, "BLOCK_C": whole, "RPP": per_program, "SPLITS": splits,
-               "SPLITS_P2": next_pow2(splits), "FROWS": min(whole, 64), "STAGES": stages, "num_warps": w}
+               "SPLITS_P2": next_pow2(splits), "FROWS": min(next_pow2(extent), 64), "STAGES": stages, "num_warps": w}
         if cfg not in out:
             out.append(cfg)
     return out

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from ..fusion.partition import Entry, RowColumnGroup
 from .column_split import FILL, ColumnSplitWriter, _combine_of
-from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, row_mask, whole_row_mask
+from .triton_gen import (
+    GeneratedKernel,
+    _full_ancestors,
+    _index_vars,
+    _one_hot_gathers,
+    _shifted_exps,
+    row_mask,
+    whole_row_mask,
+)
 
 CONSTEXPRS = ["ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS", "STAGES"]
 
@@ -29,10 +37,18 @@ class RowColumnWriter(ColumnSplitWriter):
         if self._is_column() or self.wide or 1 << max(cols - 1, 0).bit_length() > max_block:
             raise NotEligible("the row does not fit in registers as a contiguous tile")
         reduces = [e for e in col.entries if e.kind == "reduce"]
+        # a full reduction over the rows (of per-row values): [ROWS, 1] accumulators, one partial
+        # a program; else column partials [ROWS, BLOCK_C] -> [programs, columns]
+        self.over_rows = not col.domain.kept
+        col_mask = "rmask" if self.over_rows else "mask"
+        acc_shape = "[ROWS, 1]" if self.over_rows else "[ROWS, BLOCK_C]"
+        extent = col.domain.kept_numel
         workspaces = [f"ws{k}" for k in range(len(reduces))]
         args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values()) + workspaces
         signature = ", ".join(args + [f"{c}: tl.constexpr" for c in CONSTEXPRS])
         computed = {(e.node.id, e.emb): e.key for e in row.entries if e.kind != "load"}
+        gathers = _one_hot_gathers(row.entries, dom.reduced)
+        self.shifted_exps = _shifted_exps(row.entries)
         self.zero_index = "rows * 0"
 
         self.lines = [f"@triton.jit\ndef {self.name}({signature}):"]
@@ -44,7 +60,7 @@ class RowColumnWriter(ColumnSplitWriter):
         for line in red_lines:
             self.emit(line)
         for e in reduces:
-            self.emit(f"acc_{e.key} = tl.full([ROWS, BLOCK_C], {FILL[_combine_of(e)]}, tl.float32)")
+            self.emit(f"acc_{e.key} = tl.full({acc_shape}, {FILL[_combine_of(e)]}, tl.float32)")
         needed = _full_ancestors(reduces, {e.key: e for e in col.entries})
         col_values = [e for e in col.entries
                       if e.key in needed or (e.kind != "reduce" and e.stage == 0 and not e.full)]
@@ -52,9 +68,11 @@ class RowColumnWriter(ColumnSplitWriter):
         # depend on the row (the weight) once per program, before the loop over its rows
         loaded: dict[tuple[int, tuple[int | None, ...]], str] = {}
         loads = [e for e in row.entries if e.kind == "load"]
-        loads += [e for e in col_values if e.kind == "load" and (e.node.id, e.emb) not in computed]
+        col_loads = [e for e in col_values if e.kind == "load" and (e.node.id, e.emb) not in computed]
+        loads += col_loads
+        per_row = {id(e) for e in col_loads} if self.over_rows else set()
         for e in loads:
-            if e.full and _row_independent(e, dom.kept) and (e.node.id, e.emb) not in loaded:
+            if e.full and id(e) not in per_row and _row_independent(e, dom.kept) and (e.node.id, e.emb) not in loaded:
                 self.value(e, "cmask", dimvar, 1)
                 loaded[(e.node.id, e.emb)] = e.key
         # STAGES > 1: Triton's pipeliner copies the next tiles' rows (cp.async) while this one computes
@@ -68,10 +86,17 @@ class RowColumnWriter(ColumnSplitWriter):
             if (e.node.id, e.emb) in loaded:
                 self.expr[e.key] = self.expr[loaded[(e.node.id, e.emb)]]
             else:
-                self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+                self.value(e, "mask" if e.full and id(e) not in per_row else "rmask", dimvar, 2)
                 loaded[(e.node.id, e.emb)] = e.key
+        by_key = {e.key: e for e in row.entries}
+        for key, (source, index) in gathers.items():   # loaded indices: gather before any reduction
+            if index.kind == "load":
+                self._gather(by_key[key], source, index, dimvar, cols)
         for e in row.entries:
-            if e.kind == "reduce":
+            if e.key in gathers:
+                if e.key not in self.expr:
+                    self._gather(e, *gathers[e.key], dimvar, cols)
+            elif e.kind == "reduce":
                 self._reduce_single(e, 1)
             elif e.kind != "load":
                 self.value(e, "mask" if e.full else "rmask", dimvar, 2)
@@ -82,22 +107,25 @@ class RowColumnWriter(ColumnSplitWriter):
             if e.kind == "load" and (e.node.id, e.emb) in computed:
                 self.expr[e.key] = self.expr[computed[(e.node.id, e.emb)]]   # in registers already
             elif e.kind != "load":
-                self.value(e, "mask", dimvar, 2)
+                self.value(e, col_mask, dimvar, 2)
         for e in reduces:
-            self._accumulate(e)
+            self._accumulate(e, col_mask)
         for e, ws in zip(reduces, workspaces, strict=True):
-            self.emit(f"tl.store({ws} + tl.program_id(0) * {cols} + cols, "
-                      f"tl.{_combine_of(e)}(acc_{e.key}, axis=0, keep_dims=True), mask=cmask)")
+            total = f"tl.{_combine_of(e)}(acc_{e.key}, axis=0, keep_dims=True)"
+            if self.over_rows:
+                self.emit(f"tl.store({ws} + tl.program_id(0) + tl.zeros([1, 1], tl.int32), {total})")
+            else:
+                self.emit(f"tl.store({ws} + tl.program_id(0) * {cols} + cols, {total}, mask=cmask)")
         partial = self.lines
         finish = self.finish_lines(f"{self.name}_finish", signature, col.domain, col.entries, col.stores,
                                    reduces, workspaces, "FROWS")
         return GeneratedKernel(self.name, self.module([*partial, "", "", "", *finish]), "reduction", self.inputs,
-                               self.outputs, extent=cols, reduced_extent=rows, finish_name=f"{self.name}_finish",
+                               self.outputs, extent=extent, reduced_extent=rows, finish_name=f"{self.name}_finish",
                                workspaces=len(reduces), meta={"row_column": True, "rows": rows, "cols": cols})
 
-    def _accumulate(self, e: Entry) -> None:
+    def _accumulate(self, e: Entry, mask: str) -> None:
         combine = _combine_of(e)
-        masked = f"tl.where(mask, {self.expr[e.args[0]]}, {FILL[combine]})"
+        masked = f"tl.where({mask}, {self.expr[e.args[0]]}, {FILL[combine]})"
         if combine == "sum":
             self.emit(f"acc_{e.key} += {masked}", 2)
         else:

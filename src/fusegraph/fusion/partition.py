@@ -103,6 +103,8 @@ class RowColumnGroup(KernelGroup):
     """A row reduction and a column reduction over the same space in one pass: each program owns
     a block of rows, runs the row kernel on them and accumulates the column reduction's partials
     over its rows (layernorm backward's dx with dw/db); a finish kernel reduces the partials.
+    The column reduction may also be a full reduction over the row kernel's kept (leading) dims,
+    of per-row values (the mean of cross-entropy's per-row losses): one partial per program.
     `col` has its entries renamed apart from `row`'s; `separate` is the unpaired column group."""
 
     row: KernelGroup | None = None
@@ -425,9 +427,9 @@ def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int]
         if any(e.stage > 1 for e in col.entries) or any(e.full for e in col.stores):
             continue
         for row in out:
-            if row is col or isinstance(row, RowColumnGroup) or row.domain.shape != col.domain.shape:
+            if row is col or isinstance(row, RowColumnGroup) or not row.domain.is_reduction:
                 continue
-            if set(row.domain.reduced) != set(col.domain.kept) or set(row.domain.kept) != set(col.domain.reduced):
+            if not (_transposed(row.domain, col.domain) or _over_rows(row.domain, col.domain)):
                 continue
             computed = {(e.node.id, e.emb) for e in row.entries if e.kind != "load"}
             row_nodes = {e.node.id for e in row.entries if e.kind != "load"}
@@ -453,6 +455,18 @@ def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int]
             out.remove(col)
             break
     return out
+
+
+def _transposed(row: Domain, col: Domain) -> bool:
+    """Same space; the column reduction reduces the dims the row reduction keeps, and keeps the rest."""
+    return row.shape == col.shape and set(row.reduced) == set(col.kept) and set(row.kept) == set(col.reduced)
+
+
+def _over_rows(row: Domain, col: Domain) -> bool:
+    """A full reduction over the row kernel's kept space (leading dims, same numbering): the mean
+    over rows of a per-row value such as cross-entropy's loss."""
+    k = len(col.shape)
+    return not col.kept and row.kept == tuple(range(k)) and col.shape == row.shape[:k]
 
 
 def _bits(ancestors: dict[int, int]) -> dict[int, int]:
