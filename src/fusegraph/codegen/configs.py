@@ -84,7 +84,8 @@ def _row_column_configs(rows: int, cols: int, extent: int | None = None) -> list
     (Triton's pipeliner copies it with cp.async while this one computes). At 4096 columns a
     program needs ~128 registers a thread at 8 warps (two resident per SM), so RPP is chosen for
     one balanced wave of ~2 programs per SM; 16 warps with the prefetch fit one per SM. `extent`:
-    the column results (= cols; 1 for a full reduction over the rows), FROWS of them a finish program."""
+    the column results (= cols; 1 for a full reduction over the rows), FROWS of them a finish program
+    (32: 128 finish programs for 4096 columns, each reading 128-byte segments of the partials)."""
     extent = cols if extent is None else extent
     whole = next_pow2(cols)
     step = max(1, min(next_pow2(rows), 2048 // whole, 64))
@@ -109,7 +110,7 @@ def _row_column_configs(rows: int, cols: int, extent: int | None = None) -> list
         per_program = max(tile_rows, next_pow2(_cdiv(rows, programs)))
         splits = _cdiv(rows, per_program)
         cfg = {"ROWS": tile_rows, "BLOCK_C": whole, "RPP": per_program, "SPLITS": splits,
-               "SPLITS_P2": next_pow2(splits), "FROWS": min(next_pow2(extent), 64), "STAGES": stages, "num_warps": w}
+               "SPLITS_P2": next_pow2(splits), "FROWS": min(next_pow2(extent), 32), "STAGES": stages, "num_warps": w}
         if cfg not in out:
             out.append(cfg)
     return out
