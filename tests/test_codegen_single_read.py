@@ -150,3 +150,22 @@ def test_cross_entropy_gather_skips_ignored_targets_and_keeps_label_smoothing() 
     plan = g.build()
     assert any("_at = tl.where(" in k.source for k in plan.kernels), "the target logit is gathered"
     _check(g, [rand(12, 40), targets])
+
+
+@pytest.mark.parametrize("index", [0, 2, 4])
+def test_cross_entropy_programs_loop_over_several_row_tiles(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
+    _each_candidate(monkeypatch, index)
+    g, feeds = _cross_entropy(50, 1024)   # 2 rows a tile, 4-16 rows a program, the last one partial
+    plan = g.build()
+    assert plan.kernels[0].config["RPP"] > plan.kernels[0].config["ROWS"]
+    _check(g, feeds)
+
+
+@pytest.mark.parametrize("index", [0, 4])
+def test_layernorm_backward_programs_loop_over_several_row_tiles(monkeypatch: pytest.MonkeyPatch,
+                                                                 index: int) -> None:
+    _each_candidate(monkeypatch, index)
+    g, feeds = _layernorm_backward(1100, 512)   # 4 rows a tile, 8-16 rows a program, the last partial
+    plan = g.build()
+    assert plan.kernels[0].config["RPP"] > plan.kernels[0].config["ROWS"]
+    _check(g, feeds)
