@@ -17,7 +17,7 @@ from ..fusion.partition import Entry, KernelGroup
 from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
-from ..ir.spec import contiguous_strides
+from ..ir.spec import contiguous_strides, strides_for_order
 
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
             "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8",
@@ -218,8 +218,11 @@ class _PointwiseWriter(_Writer):
         self.emit(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
         self.emit(f"mask = offs < {numel}")
         self.zero_index = "offs * 0"
-        index_lines, dimvar = _index_vars(shape, tuple(range(len(shape))), "offs", "i")
-        contiguous = contiguous_strides(shape)
+        # Walk the domain in the memory order of the output, so stores (and loads laid out like it,
+        # e.g. NHWC) stay coalesced; for row-major outputs this is the plain flat index.
+        order = self._iteration_order()
+        index_lines, dimvar = _index_vars(shape, order, "offs", "i")
+        contiguous = strides_for_order(shape, order)
         needs_index = any(e.kind == "gen" for e in self.group.entries)
         for e in self.group.entries:
             if e.kind == "load" and not self._linear(e, contiguous):
@@ -249,8 +252,17 @@ class _PointwiseWriter(_Writer):
         return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
                                self.outputs, extent=numel)
 
+    def _iteration_order(self) -> tuple[int, ...]:
+        """Dims outermost-first by the first full-size store's memory strides (row-major on ties)."""
+        shape = self.domain.shape
+        for e in self.group.stores:
+            if e.node.shape == shape and e.emb == tuple(range(len(shape))):
+                strides = e.node.spec.memory_strides
+                return tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+        return tuple(range(len(shape)))
+
     def _linear(self, e: Entry, contiguous: tuple[int, ...]) -> bool:
-        """Offset equals the flat index: same shape as the domain, dense row-major."""
+        """Offset equals the flat index: same shape as the domain, dense in the iteration order."""
         shape = self.domain.shape
         return (e.node.shape == shape and e.emb == tuple(range(len(shape)))
                 and (e.node.spec.memory_strides == contiguous or math.prod(shape) <= 1))
