@@ -218,7 +218,12 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         return self
 
     def build(self, device: str | None = None, **options: Any) -> Any:
-        """Optimize, fuse, generate and tune; returns a runnable Plan."""
+        """Optimize, fuse, generate and tune; returns a runnable Plan.
+
+        Options (compiler.compile_graph lists them all) include cuda_graphs=True|False|None: replay the
+        plan as one captured CUDA graph (None, the default: automatically when that is estimated to be
+        faster; plan.cuda_graph_note says what was decided and why) and graph_outputs="copy"|"alias"
+        ("alias": the graph's output buffers are returned as they are, valid until the next call)."""
         from .compiler import compile_graph
 
         self.validate()

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .errors import ExecutionError, FusegraphError, where
+from .errors import ExecutionError, FusegraphError, InvalidValueError, where
 from .ir.graph import Graph
 from .ir.node import Node
 from .ir.registry import SOURCE, get_op
@@ -17,6 +17,7 @@ from .ir.verify import verify
 from .lower import lower_fused, lower_reference
 from .passes import optimize
 from .passes.decompose import decompose_graph
+from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
 
@@ -33,9 +34,16 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
 
     Options: static (a call with another input signature raises instead of rebuilding),
     fuse (False: one reference kernel per op), max_row_block (widest row held whole in registers),
-    keep_composites (composite ops not to decompose), fast_launch (direct launches on CUDA).
+    keep_composites (composite ops not to decompose), fast_launch (direct launches on CUDA),
+    cuda_graphs (True: capture the plan as one CUDA graph when possible, False: never, None/absent:
+    automatically when launch-bound; runtime/cuda_graph.py), graph_outputs ("copy": fresh outputs each
+    call, the default; "alias": the captured output buffers, valid until the next call).
     """
     device = default_device(device)
+    check_graph_outputs(options.get("graph_outputs", "copy"))
+    if options.get("cuda_graphs") not in (None, True, False):
+        raise InvalidValueError(f"build option cuda_graphs={options['cuda_graphs']!r}: use True, False or None "
+                                f"(automatic)")
     verify(graph)
     optimized = optimize(graph)
     primitive = optimize(decompose_graph(optimized, frozenset(options.get("keep_composites", ()))))
@@ -48,7 +56,8 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
         return compile_graph(respecialize(graph, specs), device, input_handles, output_handles, **options)
 
     plan = Plan(primitive, kernels, device, input_handles, output_handles,
-                static=bool(options.get("static", False)), rebuild=rebuild)
+                static=bool(options.get("static", False)), rebuild=rebuild,
+                cuda_graphs=options.get("cuda_graphs"), graph_outputs=options.get("graph_outputs", "copy"))
     _dump(plan)
     return plan
 

@@ -7,9 +7,11 @@ A Session is one compiled model: it owns the options, the report (what was compi
 back and why), the set of ops already warned about (one warning per model), and the count of
 recompiles per frame (settings.max_recompiles; after that a frame runs eagerly).
 
-Modes: "default" and "max-performance" (autotuning forced on) build the same Plans. "reduce-overhead"
-is accepted and currently behaves like "default": capturing Plans as CUDA graphs is not implemented
-yet (the place for it is Session._build_options / the Plan runtime).
+Modes: "default" and "max-performance" (autotuning forced on) build the same Plans; their Plans are
+captured as CUDA graphs automatically when launch-bound (runtime/cuda_graph.py). "reduce-overhead"
+builds every partition with cuda_graphs=True: each static partition on CUDA is replayed as one CUDA
+graph from its second call (inputs copied into the captured buffers, outputs cloned), whatever the
+estimate says; partitions that cannot be captured (CPU, a kernel that syncs) run kernel by kernel.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .torch_partition import GraphRecord, partition_graph, warn_fallback
 
 MODES = ("default", "max-performance", "reduce-overhead")
 # Options passed on to Graph.build (see compiler.compile_graph).
-BUILD_OPTIONS = ("fuse", "max_row_block", "keep_composites", "fast_launch")
+BUILD_OPTIONS = ("fuse", "max_row_block", "keep_composites", "fast_launch", "cuda_graphs")
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
@@ -175,8 +177,10 @@ class Session:
         return compile_aten
 
     def _build_options(self) -> dict[str, Any]:
-        # "reduce-overhead" will add CUDA-graph capture of static Plans here; not implemented yet.
-        return dict(self.options)
+        options = dict(self.options)
+        if self.mode == "reduce-overhead":
+            options.setdefault("cuda_graphs", True)
+        return options
 
     @contextlib.contextmanager
     def _build_settings(self) -> Iterator[None]:

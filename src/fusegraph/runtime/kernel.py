@@ -30,6 +30,9 @@ class Kernel:
     # how the config was chosen: {"source": default|launch-bound|single|memo|cache|tuned,
     # "seconds": tuning time, "candidates": how many, "build_s": the whole kernel's build time}
     tuning: dict[str, Any] = field(default_factory=dict)
+    # True when a launch waits for the device (reads a value back, data-dependent output shapes):
+    # a plan holding such a kernel is never captured as a CUDA graph (runtime/cuda_graph.py)
+    host_sync: bool = False
 
     @property
     def ops(self) -> list[str]:

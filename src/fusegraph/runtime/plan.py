@@ -17,6 +17,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.printer import format_plan
 from ..ir.spec import TensorSpec, contiguous_strides
+from .cuda_graph import GraphRunner, check_graph_outputs, decide, log
 from .guards import check_inputs, resolve_feeds
 from .kernel import Kernel
 
@@ -24,7 +25,8 @@ from .kernel import Kernel
 class Plan:
     def __init__(self, graph: Graph, kernels: list[Kernel], device: str,
                  input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = (), *,
-                 static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None) -> None:
+                 static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None,
+                 cuda_graphs: bool | None = None, graph_outputs: str = "copy") -> None:
         self.graph = graph
         self.kernels = kernels
         self.device = device
@@ -40,23 +42,46 @@ class Plan:
         self._cuda = torch.device(device).type == "cuda"
         self._steps = tuple((k.launch, ins, outs, frees) for k, ins, outs, frees in self._with_frees())
         self._run_fast = self._compile_run()
+        self._setup_cuda_graph(cuda_graphs, check_graph_outputs(graph_outputs) == "alias")
+
+    def _setup_cuda_graph(self, requested: bool | None, alias_outputs: bool) -> None:
+        """Decide whether this plan is replayed as one CUDA graph (runtime/cuda_graph.py has the
+        rule); when it is, the first matching call runs kernel by kernel and then captures."""
+        self.graph_outputs = "alias" if alias_outputs else "copy"
+        decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
+                          alias_outputs)
+        self.cuda_graph_note = decision.note
+        self.cuda_graph_copies = decision.copies if decision.capture else 0
+        self.cuda_graph: GraphRunner | None = None
+        log(f"plan {self.graph.name}: CUDA graph: {decision.note}")
+        if not decision.capture:
+            return
+        plain = self._run_fast
+
+        def install(run: Callable[[Sequence[Any]], list[Any]]) -> None:
+            self._run_fast = run
+
+        def set_note(note: str) -> None:
+            self.cuda_graph_note = f"{decision.note}; {note}"
+            if "failed" in note:
+                self.cuda_graph_copies = 0
+
+        self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
+                                      alias_outputs, install, set_note)
+        self._run_fast = self.cuda_graph.first_call
+
+    @property
+    def cuda_graph_captured(self) -> bool:
+        """True once this plan replays a captured CUDA graph."""
+        return self.cuda_graph is not None and self.cuda_graph.captured is not None
 
     def _compile_run(self) -> Callable[[Sequence[Any]], list[Any]]:
         """The per-call path as one generated Python function: unpack, compare each input's
         (shape, dtype, device kind, strides) with what the plan was built for, one call per kernel
         with its buffers as locals, return the outputs (copied where they are inputs or repeat)."""
         n_in = len(self._expect)
-        env: dict[str, Any] = {"other": self._other_signature, "CUDA": self._cuda}
-        lines = ["def run(inputs):", f"    if len(inputs) != {n_in}:", "        return other(inputs)"]
-        if n_in:
-            lines.append(f"    {', '.join(f's{i}' for i in range(n_in))}, = inputs")
-            checks = []
-            for i, (shape, strides, dtype) in enumerate(self._expect):
-                env[f"S{i}"], env[f"T{i}"], env[f"D{i}"] = shape, strides, dtype
-                checks.append(f"s{i}.shape != S{i} or s{i}.dtype is not D{i} or s{i}.is_cuda is not CUDA "
-                              f"or s{i}.stride() != T{i}")
-            lines += ["    try:", f"        if {' or '.join(checks)}:", "            return other(inputs)",
-                      "    except AttributeError:", "        return other(inputs)"]
+        lines, env = self._guard_source()
+        env = dict(env)
         for k, (launch, ins, outs, frees) in enumerate(self._steps):
             env[f"L{k}"] = launch
             args = "".join(f"s{i}, " for i in ins)
@@ -71,6 +96,23 @@ class Plan:
         exec(compile("\n".join(lines), f"<plan {self.graph.name}>", "exec"), env)
         run: Callable[[Sequence[Any]], list[Any]] = env["run"]
         return run
+
+    def _guard_source(self) -> tuple[list[str], dict[str, Any]]:
+        """The generated function's head: `def run(inputs):`, the input checks binding s0..s{n-1},
+        and inputs of another signature sent to _other_signature (shared with the CUDA-graph replay)."""
+        n_in = len(self._expect)
+        env: dict[str, Any] = {"other": self._other_signature, "CUDA": self._cuda}
+        lines = ["def run(inputs):", f"    if len(inputs) != {n_in}:", "        return other(inputs)"]
+        if n_in:
+            lines.append(f"    {', '.join(f's{i}' for i in range(n_in))}, = inputs")
+            checks = []
+            for i, (shape, strides, dtype) in enumerate(self._expect):
+                env[f"S{i}"], env[f"T{i}"], env[f"D{i}"] = shape, strides, dtype
+                checks.append(f"s{i}.shape != S{i} or s{i}.dtype is not D{i} or s{i}.is_cuda is not CUDA "
+                              f"or s{i}.stride() != T{i}")
+            lines += ["    try:", f"        if {' or '.join(checks)}:", "            return other(inputs)",
+                      "    except AttributeError:", "        return other(inputs)"]
+        return lines, env
 
     def _with_frees(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         """Each step also lists the slots whose last reader it is (dropped after it, not outputs)."""

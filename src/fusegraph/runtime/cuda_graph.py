@@ -1,0 +1,234 @@
+"""CUDA graphs: replay a whole static Plan as one captured graph instead of one launch per kernel.
+
+A Plan's kernels launch one by one from Python (host cost LAUNCH_US each). A captured CUDA graph
+replays all of them for REPLAY_US + GRAPH_NODE_US per kernel, but reads fixed input buffers and
+writes fixed output buffers, so each call copies every input into the captured input buffer (one
+copy_ each) and, unless graph_outputs="alias", returns a fresh clone of every output (the next
+replay overwrites the captured ones); each copy is one more launch (COPY_US of host time) and
+moves its bytes twice (read + write).
+
+The rule (build(cuda_graphs=None), the default) is an explicit estimate of one call's time:
+
+    plain = max(K * LAUNCH_US,                 floor)
+    graph = max(REPLAY_US + copies * COPY_US,  floor + K * GRAPH_NODE_US + copy_bytes * 2 / bandwidth)
+
+with K kernels, floor the sum of the kernels' cost-model floors (datasheet spec) and copies = inputs
+(+ outputs unless aliased). The Plan is captured when graph < plain: small, launch-bound plans of
+two or more kernels; never a one-kernel plan with an input and an output (its copies cost what the
+launch does), never a device-bound plan (the copies only add time). cuda_graphs=True captures
+whenever it is possible, False never; settings.cuda_graphs=False (FUSEGRAPH_CUDA_GRAPHS=0) turns
+capture off everywhere. Not capturable: a Plan not on CUDA, without kernels, with a kernel marked
+host_sync (reads a value back), or with an input whose strides overlap (cannot be copied into).
+The reason is kept on plan.cuda_graph_note (and printed under FUSEGRAPH_DEBUG >= 1).
+
+Capture happens on the first call whose inputs match the Plan: that call runs kernel by kernel
+(the warm-up: Triton compiles, libraries initialize) and returns its results; then the Plan is run
+once more on a side stream and captured there into a private memory pool. A capture that fails
+leaves the Plan on the plain path with a CudaGraphWarning; it never raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import InvalidValueError
+from ..settings import settings
+
+LAUNCH_US = 20.0      # host time of one kernel launched from Python (12-20 us measured on the H200 host)
+REPLAY_US = 5.0       # host time of one CUDAGraph.replay()
+GRAPH_NODE_US = 0.6   # device-side gap per kernel inside a replayed graph
+COPY_US = 5.0         # host time of one copy_ / clone launch
+
+GRAPH_OUTPUTS = ("copy", "alias")
+
+RunFn = Callable[[Sequence[Any]], list[Any]]
+
+
+class CudaGraphWarning(UserWarning):
+    """A Plan's CUDA-graph capture failed; it runs kernel by kernel instead."""
+
+
+@dataclass(frozen=True)
+class GraphDecision:
+    capture: bool
+    note: str                # why (not), with the numbers of the estimate
+    copies: int = 0          # copy_/clone launches per call when captured
+
+
+def log(message: str) -> None:
+    if settings.debug >= 1:
+        print(f"[fusegraph] {message}", file=sys.stderr)
+
+
+def check_graph_outputs(value: str) -> str:
+    if value not in GRAPH_OUTPUTS:
+        raise InvalidValueError(f"build option graph_outputs={value!r}: use 'copy' (fresh outputs, the default) "
+                                f"or 'alias' (the captured buffers, valid until the next call)")
+    return value
+
+
+def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: Sequence[Any],
+           outputs: Sequence[Any], alias_outputs: bool = False) -> GraphDecision:
+    """Whether a Plan is captured (see the module doc for the rule). `inputs`/`outputs` are the
+    graph's input and output nodes (shape, dtype, memory strides); `kernels` its launch list."""
+    if requested is False:
+        return GraphDecision(False, "off: build(cuda_graphs=False)")
+    if not settings.cuda_graphs:
+        return GraphDecision(False, "off: settings.cuda_graphs is False (FUSEGRAPH_CUDA_GRAPHS)")
+    if torch.device(device).type != "cuda":
+        return GraphDecision(False, f"not capturable: the plan runs on {device}, not CUDA")
+    if not kernels:
+        return GraphDecision(False, "not capturable: the plan launches no kernels")
+    syncing = [k.name for k in kernels if getattr(k, "host_sync", False)]
+    if syncing:
+        return GraphDecision(False, f"not capturable: kernel(s) {', '.join(syncing)} wait for the device "
+                                    f"(read a value back)")
+    overlapping = [n.name for n in inputs if not dense_strides(tuple(n.shape), tuple(n.spec.memory_strides))]
+    if overlapping:
+        return GraphDecision(False, f"not capturable: input(s) {', '.join(overlapping)} have overlapping or "
+                                    f"gapped strides (cannot be copied into a captured buffer)")
+    copies = len(inputs) + (0 if alias_outputs else len(outputs))
+    if requested:
+        return GraphDecision(True, f"forced: build(cuda_graphs=True); {copies} copies per call", copies)
+    floor_us, bandwidth = _floor_us(kernels)
+    copy_bytes = sum(_nbytes(n) for n in inputs) + (0 if alias_outputs else sum(_nbytes(n) for n in outputs))
+    k = len(kernels)
+    plain = max(k * LAUNCH_US, floor_us)
+    graph = max(REPLAY_US + copies * COPY_US, floor_us + k * GRAPH_NODE_US + 2 * copy_bytes / bandwidth * 1e6)
+    numbers = (f"{k} kernel(s), floor {floor_us:.1f} us, {copies} copies of {copy_bytes / 1e6:.2f} MB: "
+               f"estimated {graph:.1f} us per call as a graph vs {plain:.1f} us kernel by kernel")
+    if graph < plain:
+        return GraphDecision(True, f"auto: launch-bound, {numbers}", copies)
+    return GraphDecision(False, f"auto: not worth it, {numbers}", copies)
+
+
+def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when the strides are a permutation of dense strides (no element stored twice, no gaps)."""
+    dims = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _nbytes(node: Any) -> int:
+    n = 1
+    for d in node.shape:
+        n *= int(d)
+    return n * torch.empty((), dtype=_torch_dtype(node.dtype)).element_size()
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    from ..ir import dtypes
+    return dtypes.to_torch(name)
+
+
+def _floor_us(kernels: Sequence[Any]) -> tuple[float, float]:
+    """Sum of the kernels' cost-model floors in us and the datasheet bandwidth (bytes/s); a kernel
+    the cost model cannot price counts 0 (which leans towards capture)."""
+    from ..tune.autotuner import _datasheet_spec, floor_ms_of
+
+    total = sum((floor_ms_of(k) or 0.0) * 1e3 for k in kernels)
+    return total, float(_datasheet_spec().bandwidth)
+
+
+@dataclass
+class Captured:
+    """What replay needs: the graph, the buffers it reads and the buffers it writes."""
+
+    graph: Any
+    static_inputs: list[torch.Tensor]
+    static_outputs: list[torch.Tensor]
+    pool: Any
+
+
+def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
+    """Capture one run of `run_plain` on copies of `inputs` as a CUDA graph: a warm-up run on a side
+    stream, then the capture on that stream into a private memory pool (as PyTorch requires)."""
+    static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                     for t in inputs]
+    device = static_inputs[0].device if static_inputs else torch.device("cuda")
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        run_plain(static_inputs)
+    current.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(graph, pool=pool, stream=side):
+        static_outputs = run_plain(static_inputs)
+    current.wait_stream(side)
+    return Captured(graph, static_inputs, list(static_outputs), pool)
+
+
+def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
+                   alias_outputs: bool, name: str) -> RunFn:
+    """The per-call path of a captured Plan as one generated function: the Plan's input guards
+    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), one copy_ per input
+    into the captured buffers, the replay, and the outputs (cloned unless aliased)."""
+    env = dict(env)
+    env["REPLAY"] = captured.graph.replay
+    lines = list(guard_lines)
+    for i, buf in enumerate(captured.static_inputs):
+        env[f"I{i}"] = buf
+        lines.append(f"    I{i}.copy_(s{i})")
+    lines.append("    REPLAY()")
+    results = []
+    for j, out in enumerate(captured.static_outputs):
+        env[f"O{j}"] = out
+        results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
+    lines.append(f"    return [{', '.join(results)}]")
+    exec(compile("\n".join(lines), f"<plan {name} cuda graph>", "exec"), env)
+    run: RunFn = env["run"]
+    return run
+
+
+class GraphRunner:
+    """A Plan's calls while capture is pending: the first matching call runs kernel by kernel, then
+    captures; from then on the Plan calls the generated replay function. `install` swaps the Plan's
+    per-call function; `capture_fn` is `capture` (tests put a stand-in here on CPU)."""
+
+    def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
+                 guard: tuple[list[str], dict[str, Any]], alias_outputs: bool, install: Callable[[RunFn], None],
+                 set_note: Callable[[str], None]) -> None:
+        self.name = name
+        self.n_in = n_in
+        self.run_plain = run_plain
+        self.matches = matches
+        self.guard = guard
+        self.alias_outputs = alias_outputs
+        self.install = install
+        self.set_note = set_note
+        self.captured: Captured | None = None
+        self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor]], Captured] = capture
+
+    def first_call(self, inputs: Sequence[Any]) -> list[Any]:
+        outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
+        if not self.matches(inputs):
+            return outs
+        self.install(self.run_plain)    # whatever happens next, no second attempt
+        try:
+            self.captured = self.capture_fn(self.run_plain, inputs)
+            replay = compile_replay(self.guard[0], self.guard[1], self.n_in, self.captured, self.alias_outputs,
+                                    self.name)
+        except Exception as err:  # any capture failure falls back to the plain path, never raises
+            self.captured = None
+            note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
+            self.set_note(note)
+            warnings.warn(f"fusegraph: plan {self.name}: CUDA-graph {note}", CudaGraphWarning, stacklevel=3)
+            log(f"plan {self.name}: CUDA graph {note}")
+            return outs
+        self.install(replay)
+        self.set_note(f"captured: one CUDA graph of the whole plan, replayed from the second call "
+                      f"({'outputs alias the captured buffers' if self.alias_outputs else 'outputs cloned'})")
+        log(f"plan {self.name}: captured as one CUDA graph")
+        return outs
