@@ -13,9 +13,10 @@ The rule (build(cuda_graphs=None), the default) is an explicit estimate of one c
     graph = max(REPLAY_US + copies * COPY_US,  floor + K * GRAPH_NODE_US + copy_bytes * 2 / bandwidth)
 
 with K kernels, floor the sum of the kernels' cost-model floors (datasheet spec) and copies = inputs
-(+ outputs unless aliased). The Plan is captured when graph < plain: small, launch-bound plans of
-two or more kernels; never a one-kernel plan with an input and an output (its copies cost what the
-launch does), never a device-bound plan (the copies only add time). cuda_graphs=True captures
+(+ outputs unless aliased). The Plan is captured when it has two or more kernels and graph < plain:
+small, launch-bound plans. Never a one-kernel plan (one launch becomes one replay plus the copies,
+each about a launch's cost), never a device-bound plan (the launches hide behind the work and the
+copies only add time). cuda_graphs=True captures
 whenever it is possible, False never; settings.cuda_graphs=False (FUSEGRAPH_CUDA_GRAPHS=0) turns
 capture off everywhere. Not capturable: a Plan not on CUDA, without kernels, with a kernel marked
 host_sync (reads a value back), or with an input whose strides overlap (cannot be copied into).
@@ -103,6 +104,8 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
     graph = max(REPLAY_US + copies * COPY_US, floor_us + k * GRAPH_NODE_US + 2 * copy_bytes / bandwidth * 1e6)
     numbers = (f"{k} kernel(s), floor {floor_us:.1f} us, {copies} copies of {copy_bytes / 1e6:.2f} MB: "
                f"estimated {graph:.1f} us per call as a graph vs {plain:.1f} us kernel by kernel")
+    if k < 2:
+        return GraphDecision(False, f"auto: one kernel, nothing to batch into a graph ({numbers})", copies)
     if graph < plain:
         return GraphDecision(True, f"auto: launch-bound, {numbers}", copies)
     return GraphDecision(False, f"auto: not worth it, {numbers}", copies)

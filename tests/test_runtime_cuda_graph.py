@@ -1,0 +1,258 @@
+"""CUDA-graph capture of Plans (runtime/cuda_graph.py): the decision rule, and on CPU the bookkeeping
+around a stand-in graph whose replay re-runs the plan into the captured output buffers (what a real
+CUDA graph does: fixed input buffers read, fixed output buffers overwritten). The real capture runs
+in the last test on a GPU, and in bench/cuda_graph_gpu.py."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.frontends.torch_backend import Session
+from fusegraph.ir.registry import Cost
+from fusegraph.runtime import cuda_graph
+from fusegraph.runtime import plan as plan_module
+from fusegraph.runtime.cuda_graph import Captured, CudaGraphWarning, GraphDecision, decide
+from fusegraph.runtime.kernel import Kernel
+from fusegraph.settings import override
+
+
+def block(static: bool = False, **options: Any) -> tuple[Any, Any]:
+    """x, w -> (softmax(relu(x + x) @ w), relu(x + x)): three kernels on CPU."""
+    g = fg.Graph(name="three", compute_dtype="float32")
+    x = g.tensor((8, 16), dtype="float32", name="x")
+    w = g.tensor((16, 12), dtype="float32", name="w")
+    h = g.relu(g.add(x, x))
+    g.softmax(g.matmul(h, w), dim=-1).set_output()
+    h.set_output()
+    return g.build(static=static, **options), g
+
+
+def eager(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.relu(x + x)
+    return torch.softmax(h @ w, dim=-1), h
+
+
+def fake_kernel(name: str, nbytes: int, host_sync: bool = False) -> Kernel:
+    return Kernel(name=name, kind="pointwise", backend="triton", nodes=(), inputs=(), outputs=(),
+                  cost=Cost(nbytes, 0), launch=lambda args: list(args), host_sync=host_sync)
+
+
+class FakeGraph:
+    """Replays by re-running the captured function on the static inputs and writing its results
+    into the static outputs, like a CUDA graph's fixed buffers."""
+
+    def __init__(self, run_plain: Any, static_inputs: list[torch.Tensor], static_outputs: list[torch.Tensor]) -> None:
+        self.run_plain, self.static_inputs, self.static_outputs = run_plain, static_inputs, static_outputs
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for out, new in zip(self.static_outputs, self.run_plain(self.static_inputs), strict=True):
+            out.copy_(new)
+
+
+def fake_capture(run_plain: Any, inputs: Sequence[torch.Tensor]) -> Captured:
+    static_inputs = [t.clone() for t in inputs]
+    static_outputs = run_plain(static_inputs)
+    return Captured(FakeGraph(run_plain, static_inputs, static_outputs), static_inputs, static_outputs, None)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU plans decide to capture (as a CUDA plan would) and capture with the stand-in graph."""
+    monkeypatch.setattr(plan_module, "decide",
+                        lambda requested, device, kernels, inputs, outputs, alias=False:
+                        GraphDecision(requested is not False, "test: capture", len(inputs) + len(outputs)))
+    monkeypatch.setattr(cuda_graph, "capture", fake_capture)
+
+
+# ---- the decision rule ----
+
+def test_decision_off_forced_and_not_capturable() -> None:
+    plan, _ = block()
+    ins, outs = plan.graph.inputs, plan.graph.outputs
+    cheap = [fake_kernel("a", 1000), fake_kernel("b", 1000)]
+    assert "cpu" in plan.cuda_graph_note and plan.cuda_graph is None and not plan.cuda_graph_captured
+    assert not decide(None, "cpu", cheap, ins, outs).capture
+    assert "cuda_graphs=False" in decide(False, "cuda", cheap, ins, outs).note
+    forced = decide(True, "cuda", [fake_kernel("big", 10**11)], ins, outs)
+    assert forced.capture and forced.copies == 4 and "forced" in forced.note
+    assert decide(True, "cuda", cheap, ins, outs, alias_outputs=True).copies == 2
+    with override(cuda_graphs=False):
+        off = decide(True, "cuda", cheap, ins, outs)
+        assert not off.capture and "settings.cuda_graphs" in off.note
+    sync = decide(True, "cuda", [cheap[0], fake_kernel("item", 8, host_sync=True)], ins, outs)
+    assert not sync.capture and "item" in sync.note and "wait for the device" in sync.note
+    assert "no kernels" in decide(True, "cuda", [], ins, outs).note
+
+
+def test_decision_automatic_rule() -> None:
+    plan, _ = block()
+    ins, outs = plan.graph.inputs, plan.graph.outputs
+    small = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(3)], ins, outs)
+    assert small.capture and small.note.startswith("auto: launch-bound") and small.copies == 4
+    # one kernel: one launch would become one replay plus the copies
+    one = decide(None, "cuda", [fake_kernel("k", 4096)], ins[:1], outs[:1])
+    assert not one.capture and "one kernel" in one.note
+    assert decide(True, "cuda", [fake_kernel("k", 4096)], ins[:1], outs[:1]).capture
+    # many inputs and outputs to copy for two cheap kernels: the copies cost more than the launches
+    many = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(2)], list(ins) * 4, list(outs) * 4)
+    assert not many.capture and "not worth it" in many.note
+    # device-bound (10 GB moved per kernel): the launches hide behind the work; copies only add time
+    big = decide(None, "cuda", [fake_kernel(f"k{i}", 10**10) for i in range(3)], ins, outs)
+    assert not big.capture and "not worth it" in big.note
+
+
+def test_decision_refuses_overlapping_input_strides() -> None:
+    g = fg.Graph(name="expanded", compute_dtype="float32")
+    x = g.tensor((8, 16), dtype="float32", name="x", strides=(0, 1))
+    g.exp(g.add(x, x)).set_output()
+    plan = g.build()
+    note = decide(True, "cuda", [fake_kernel("a", 10)], plan.graph.inputs, plan.graph.outputs).note
+    assert "overlapping" in note and "x" in note
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(fg.InvalidValueError, match="graph_outputs"):
+        block(graph_outputs="share")
+    with pytest.raises(fg.InvalidValueError, match="cuda_graphs"):
+        block(cuda_graphs="yes")
+
+
+# ---- the bookkeeping around a captured plan ----
+
+def test_captured_plan_copies_inputs_and_returns_fresh_outputs(fake_cuda: None) -> None:
+    plan, _ = block()
+    assert plan.cuda_graph is not None and not plan.cuda_graph_captured
+    x1, w = rand(8, 16), rand(16, 12)
+    y1, h1 = plan(x1, w)                       # warm-up, kernel by kernel, then capture
+    assert plan.cuda_graph_captured and "captured" in plan.cuda_graph_note
+    graph = plan.cuda_graph.captured.graph
+    assert graph.replays == 0
+    for out, ref in zip((y1, h1), eager(x1, w), strict=True):
+        assert_close(out, ref)
+    kept = [y1.clone(), h1.clone()]
+    x2 = rand(8, 16)
+    y2, h2 = plan(x2, w)                       # replay: x2 copied into the captured buffer
+    assert graph.replays == 1
+    for out, ref in zip((y2, h2), eager(x2, w), strict=True):
+        assert_close(out, ref)
+    x3 = rand(8, 16)
+    y3, h3 = plan(x3, w)
+    assert graph.replays == 2
+    # earlier results are the caller's: the next replay did not overwrite them
+    assert torch.equal(y1, kept[0]) and torch.equal(h1, kept[1])
+    assert_close(y2, eager(x2, w)[0])
+    assert y2.data_ptr() != y3.data_ptr()
+    assert all(o.data_ptr() != s.data_ptr() for o in (y3, h3) for s in plan.cuda_graph.captured.static_outputs)
+    # the user's tensors are only read: the graph works on its own input buffers
+    assert all(s.data_ptr() != t.data_ptr() for s, t in zip(plan.cuda_graph.captured.static_inputs, (x3, w),
+                                                            strict=True))
+    assert_close(y3, eager(x3, w)[0])
+
+
+def test_alias_outputs_are_the_captured_buffers(fake_cuda: None) -> None:
+    plan, _ = block(graph_outputs="alias")
+    w = rand(16, 12)
+    plan(rand(8, 16), w)
+    x2 = rand(8, 16)
+    y2, _ = plan(x2, w)
+    assert_close(y2, eager(x2, w)[0])
+    y3, _ = plan(rand(8, 16), w)
+    assert y2.data_ptr() == y3.data_ptr() == plan.cuda_graph.captured.static_outputs[0].data_ptr()
+    assert plan.graph_outputs == "alias"
+
+
+def test_output_that_is_an_input_is_not_aliased(fake_cuda: None) -> None:
+    g = fg.Graph(name="passthrough", compute_dtype="float32")
+    x = g.tensor((4, 8), dtype="float32", name="x")
+    g.mul(x, 1.0).set_output()                 # simplifies to x itself
+    g.exp(x).set_output()
+    plan = g.build()
+    x1 = rand(4, 8)
+    plan(x1)
+    x2 = rand(4, 8)
+    same, e2 = plan(x2)
+    assert plan.cuda_graph_captured
+    assert torch.equal(same, x2) and same.data_ptr() != x2.data_ptr()
+    assert_close(e2, torch.exp(x2))
+
+
+def test_guards_run_before_the_copy(fake_cuda: None) -> None:
+    plan, _ = block()
+    w = rand(16, 12)
+    plan(rand(8, 16), w)
+    assert plan.cuda_graph_captured
+    x_big = rand(4, 16)                        # another signature: a rebuilt variant, not the graph
+    y, _ = plan(x_big, w)
+    assert_close(y, eager(x_big, w)[0]) and plan.variants() == 1
+    assert plan.cuda_graph.captured.graph.replays == 0
+    static_plan, _ = block(static=True)
+    static_plan(rand(8, 16), w)
+    with pytest.raises(fg.ExecutionError):
+        static_plan(rand(8, 16, dtype=torch.float64), w)
+    with pytest.raises(fg.ExecutionError):
+        static_plan(rand(4, 16), w)
+    assert static_plan.cuda_graph.captured.graph.replays == 0
+
+
+def test_capture_error_falls_back_with_a_warning(fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts = []
+
+    def failing(run_plain: Any, inputs: Sequence[torch.Tensor]) -> Captured:
+        attempts.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graph, "capture", failing)
+    plan, _ = block()
+    x, w = rand(8, 16), rand(16, 12)
+    with pytest.warns(CudaGraphWarning, match="not permitted"):
+        y, _ = plan(x, w)
+    assert_close(y, eager(x, w)[0])
+    assert not plan.cuda_graph_captured and "capture failed" in plan.cuda_graph_note
+    assert plan.cuda_graph_copies == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x2 = rand(8, 16)
+        assert_close(plan(x2, w)[0], eager(x2, w)[0])
+    assert len(attempts) == 1                  # no second attempt
+
+
+def test_forced_off_never_captures(fake_cuda: None) -> None:
+    plan, _ = block(cuda_graphs=False)
+    w = rand(16, 12)
+    for _ in range(2):
+        x = rand(8, 16)
+        assert_close(plan(x, w)[0], eager(x, w)[0])
+    assert plan.cuda_graph is None and not plan.cuda_graph_captured
+
+
+def test_reduce_overhead_mode_forces_cuda_graphs() -> None:
+    assert Session("reduce-overhead")._build_options()["cuda_graphs"] is True
+    assert "cuda_graphs" not in Session("default")._build_options()
+    assert Session("reduce-overhead", {"cuda_graphs": False})._build_options()["cuda_graphs"] is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_real_capture_on_gpu() -> None:
+    g = fg.Graph(name="gpu_three", compute_dtype="float32")
+    x = g.tensor((64, 128), dtype="float32", name="x")
+    w = g.tensor((128, 96), dtype="float32", name="w")
+    h = g.relu(g.add(x, x))
+    g.softmax(g.matmul(h, w), dim=-1).set_output()
+    plan = g.build("cuda", cuda_graphs=True)
+    w_t = torch.randn(128, 96, device="cuda")
+    outs = []
+    for _ in range(3):
+        x_t = torch.randn(64, 128, device="cuda")
+        outs.append((plan(x_t, w_t), x_t))
+    assert plan.cuda_graph_captured, plan.cuda_graph_note
+    for y, x_t in outs:
+        assert_close(y, torch.softmax(torch.relu(x_t + x_t) @ w_t, dim=-1), tol=1e-2)
