@@ -2,9 +2,9 @@
 loads and stores with the flat index (coalesced), and a per-channel broadcast indexes the channel."""
 
 import torch
-from conftest import assert_close, rand
 
 import fusegraph as fg
+from conftest import assert_close, rand
 from fusegraph.settings import override
 
 
