@@ -59,7 +59,7 @@ class FakeGraph:
 
 
 def fake_capture(run_plain: Any, inputs: Sequence[torch.Tensor]) -> Captured:
-    static_inputs = [t.clone() for t in inputs]
+    static_inputs = [t.detach().clone() for t in inputs]   # as capture() makes them (under no_grad)
     static_outputs = run_plain(static_inputs)
     return Captured(FakeGraph(run_plain, static_inputs, static_outputs), static_inputs, static_outputs, None)
 
@@ -158,6 +158,18 @@ def test_captured_plan_copies_inputs_and_returns_fresh_outputs(fake_cuda: None) 
     assert_close(y3, eager(x3, w)[0])
 
 
+def test_replay_copies_each_input_once_and_leaves_autograd_alone(fake_cuda: None) -> None:
+    plan, _ = block()
+    w = rand(16, 12).requires_grad_()
+    plan(rand(8, 16), w)
+    source = plan.cuda_graph.replay_source
+    assert source.count(".copy_(") == 2 == len(plan.graph.inputs)
+    assert source.count(".clone()") == 2 == len(plan.graph.outputs) and plan.cuda_graph_copies == 4
+    y, _ = plan(rand(8, 16), w)
+    assert not y.requires_grad and torch.is_grad_enabled()
+    assert not any(t.requires_grad for t in plan.cuda_graph.captured.static_inputs)
+
+
 def test_alias_outputs_are_the_captured_buffers(fake_cuda: None) -> None:
     plan, _ = block(graph_outputs="alias")
     w = rand(16, 12)
@@ -167,7 +179,7 @@ def test_alias_outputs_are_the_captured_buffers(fake_cuda: None) -> None:
     assert_close(y2, eager(x2, w)[0])
     y3, _ = plan(rand(8, 16), w)
     assert y2.data_ptr() == y3.data_ptr() == plan.cuda_graph.captured.static_outputs[0].data_ptr()
-    assert plan.graph_outputs == "alias"
+    assert plan.graph_outputs == "alias" and ".clone()" not in plan.cuda_graph.replay_source
 
 
 def test_output_that_is_an_input_is_not_aliased(fake_cuda: None) -> None:

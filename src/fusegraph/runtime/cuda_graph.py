@@ -156,6 +156,11 @@ class Captured:
 def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
     """Capture one run of `run_plain` on copies of `inputs` as a CUDA graph: a warm-up run on a side
     stream, then the capture on that stream into a private memory pool (as PyTorch requires)."""
+    with torch.no_grad():
+        return _capture(run_plain, inputs)
+
+
+def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
     static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
                      for t in inputs]
     device = static_inputs[0].device if static_inputs else torch.device("cuda")
@@ -174,25 +179,30 @@ def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
 
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
-                   alias_outputs: bool, name: str) -> RunFn:
+                   alias_outputs: bool, name: str) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
     (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), one copy_ per input
-    into the captured buffers, the replay, and the outputs (cloned unless aliased)."""
+    into the captured buffers, the replay, and the outputs (cloned unless aliased). Returns the
+    function and its source."""
     env = dict(env)
-    env["REPLAY"] = captured.graph.replay
+    env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
+    # copy_ from an input that requires grad would make the captured buffer part of autograd's graph
+    lines += ["    grad = GRAD_ON()", "    if grad:", "        SET_GRAD(False)", "    try:"]
     for i, buf in enumerate(captured.static_inputs):
         env[f"I{i}"] = buf
-        lines.append(f"    I{i}.copy_(s{i})")
-    lines.append("    REPLAY()")
+        lines.append(f"        I{i}.copy_(s{i})")
+    lines.append("        REPLAY()")
     results = []
     for j, out in enumerate(captured.static_outputs):
         env[f"O{j}"] = out
         results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
-    lines.append(f"    return [{', '.join(results)}]")
-    exec(compile("\n".join(lines), f"<plan {name} cuda graph>", "exec"), env)
+    lines += [f"        return [{', '.join(results)}]",
+              "    finally:", "        if grad:", "            SET_GRAD(True)"]
+    source = "\n".join(lines)
+    exec(compile(source, f"<plan {name} cuda graph>", "exec"), env)
     run: RunFn = env["run"]
-    return run
+    return run, source
 
 
 class GraphRunner:
@@ -212,6 +222,7 @@ class GraphRunner:
         self.install = install
         self.set_note = set_note
         self.captured: Captured | None = None
+        self.replay_source = ""        # the generated per-call function once captured
         self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor]], Captured] = capture
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
@@ -221,8 +232,8 @@ class GraphRunner:
         self.install(self.run_plain)    # whatever happens next, no second attempt
         try:
             self.captured = self.capture_fn(self.run_plain, inputs)
-            replay = compile_replay(self.guard[0], self.guard[1], self.n_in, self.captured, self.alias_outputs,
-                                    self.name)
+            replay, self.replay_source = compile_replay(self.guard[0], self.guard[1], self.n_in, self.captured,
+                                                        self.alias_outputs, self.name)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
