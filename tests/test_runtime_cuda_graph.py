@@ -237,6 +237,17 @@ def test_capture_error_falls_back_with_a_warning(fake_cuda: None, monkeypatch: p
     assert len(attempts) == 1                  # no second attempt
 
 
+def test_no_capture_inside_the_callers_capture(fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_graph, "stream_capturing", lambda: True)
+    plan, _ = block()
+    x, w = rand(8, 16), rand(16, 12)
+    assert_close(plan(x, w)[0], eager(x, w)[0])
+    assert not plan.cuda_graph_captured        # still pending: captured on a call outside theirs
+    monkeypatch.setattr(cuda_graph, "stream_capturing", lambda: False)
+    plan(x, w)
+    assert plan.cuda_graph_captured
+
+
 def test_forced_off_never_captures(fake_cuda: None) -> None:
     plan, _ = block(cuda_graphs=False)
     w = rand(16, 12)

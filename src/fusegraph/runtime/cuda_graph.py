@@ -143,6 +143,15 @@ def _floor_us(kernels: Sequence[Any]) -> tuple[float, float]:
     return total, float(_datasheet_spec().bandwidth)
 
 
+def stream_capturing() -> bool:
+    """True while the current CUDA stream is being captured (by the caller): capturing ours then
+    would end theirs (capture synchronizes)."""
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except RuntimeError:
+        return False
+
+
 @dataclass
 class Captured:
     """What replay needs: the graph, the buffers it reads and the buffers it writes."""
@@ -227,8 +236,8 @@ class GraphRunner:
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
         outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
-        if not self.matches(inputs):
-            return outs
+        if not self.matches(inputs) or stream_capturing():
+            return outs                 # inside the caller's own capture: its graph holds our launches
         self.install(self.run_plain)    # whatever happens next, no second attempt
         try:
             self.captured = self.capture_fn(self.run_plain, inputs)
