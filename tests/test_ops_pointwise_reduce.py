@@ -149,5 +149,6 @@ def _table_ops() -> set[str]:
 
 def test_every_registered_op_has_a_table_row() -> None:
     plumbing = {"input", "scalar", "constant", "getitem"}
-    missing = sorted(set(all_ops()) - plumbing - _table_ops())
+    # ops named test_* are registered by other test modules (test_ir, test_passes) in the same process
+    missing = sorted(op for op in set(all_ops()) - plumbing - _table_ops() if not op.startswith("test_"))
     assert not missing, f"ops without a row in any op table: {missing}"
