@@ -23,11 +23,11 @@ from fusegraph.runtime.kernel import Kernel
 from fusegraph.settings import override
 
 
-def block(static: bool = False, **options: Any) -> tuple[Any, Any]:
-    """x, w -> (softmax(relu(x + x) @ w), relu(x + x)): three kernels on CPU."""
+def block(static: bool = False, static_w: bool = False, **options: Any) -> tuple[Any, Any]:
+    """x, w -> (softmax(relu(x + x) @ w), relu(x + x)): three kernels on CPU; static_w: w is a static input."""
     g = fg.Graph(name="three", compute_dtype="float32")
     x = g.tensor((8, 16), dtype="float32", name="x")
-    w = g.tensor((16, 12), dtype="float32", name="w")
+    w = g.tensor((16, 12), dtype="float32", name="w", static=static_w)
     h = g.relu(g.add(x, x))
     g.softmax(g.matmul(h, w), dim=-1).set_output()
     h.set_output()
@@ -58,18 +58,21 @@ class FakeGraph:
             out.copy_(new)
 
 
-def fake_capture(run_plain: Any, inputs: Sequence[torch.Tensor]) -> Captured:
-    static_inputs = [t.detach().clone() for t in inputs]   # as capture() makes them (under no_grad)
-    static_outputs = run_plain(static_inputs)
-    return Captured(FakeGraph(run_plain, static_inputs, static_outputs), static_inputs, static_outputs, None)
+def fake_capture(run_plain: Any, inputs: Sequence[torch.Tensor], by_reference: Any = ()) -> Captured:
+    with torch.no_grad():                                   # as capture() makes them
+        static_inputs = cuda_graph.input_buffers(inputs, frozenset(by_reference))
+        static_outputs = run_plain(static_inputs)
+    return Captured(FakeGraph(run_plain, static_inputs, static_outputs), static_inputs, static_outputs, None,
+                    frozenset(by_reference))
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU plans decide to capture (as a CUDA plan would) and capture with the stand-in graph."""
     monkeypatch.setattr(plan_module, "decide",
-                        lambda requested, device, kernels, inputs, outputs, alias=False:
-                        GraphDecision(requested is not False, "test: capture", len(inputs) + len(outputs)))
+                        lambda requested, device, kernels, inputs, outputs, alias=False, static_inputs=():
+                        GraphDecision(requested is not False, "test: capture",
+                                      len(inputs) - len(static_inputs) + len(outputs)))
     monkeypatch.setattr(cuda_graph, "capture", fake_capture)
 
 
@@ -218,7 +221,7 @@ def test_guards_run_before_the_copy(fake_cuda: None) -> None:
 def test_capture_error_falls_back_with_a_warning(fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
     attempts = []
 
-    def failing(run_plain: Any, inputs: Sequence[torch.Tensor]) -> Captured:
+    def failing(run_plain: Any, inputs: Sequence[torch.Tensor], by_reference: Any = ()) -> Captured:
         attempts.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -246,6 +249,97 @@ def test_no_capture_inside_the_callers_capture(fake_cuda: None, monkeypatch: pyt
     monkeypatch.setattr(cuda_graph, "stream_capturing", lambda: False)
     plan(x, w)
     assert plan.cuda_graph_captured
+
+
+# ---- static inputs: captured by reference ----
+
+def test_decision_counts_only_inputs_that_are_copied() -> None:
+    g = fg.Graph(name="weights", compute_dtype="float32")
+    x = g.tensor((8, 8192), dtype="float32", name="x")
+    w = g.tensor((8192, 8192), dtype="float32", name="w")          # 268 MB: copying it costs ~100 us
+    g.matmul(x, w).set_output()
+    ir = g.to_ir()
+    kernels = [fake_kernel(f"k{i}", 4096) for i in range(3)]
+    copied = decide(None, "cuda", kernels, ir.inputs, ir.outputs)
+    assert not copied.capture and copied.copies == 3 and "3 copies of 268.96 MB" in copied.note
+    in_place = decide(None, "cuda", kernels, ir.inputs, ir.outputs, static_inputs=(1,))
+    assert in_place.capture and in_place.copies == 2 and "1 static input(s) read in place" in in_place.note
+    assert "2 copies of 0.52 MB" in in_place.note   # x and the output (262 kB each) are still copied
+    forced = decide(True, "cuda", kernels, ir.inputs, ir.outputs, alias_outputs=True, static_inputs=(0, 1))
+    assert forced.capture and forced.copies == 0
+
+
+def test_static_input_is_read_in_place_not_copied(fake_cuda: None) -> None:
+    plan, _ = block(static_w=True)
+    assert plan.static_inputs == (1,) and plan.cuda_graph_copies == 3
+    x, w = rand(8, 16), rand(16, 12).requires_grad_()
+    plan(x, w)
+    captured = plan.cuda_graph.captured
+    assert captured.static_inputs[1].data_ptr() == w.data_ptr()                  # w itself, not a copy
+    assert captured.static_inputs[0].data_ptr() != x.data_ptr()
+    assert not captured.static_inputs[1].requires_grad
+    source = plan.cuda_graph.replay_source
+    assert source.count(".copy_(") == 1 and "I0.copy_(s0)" in source and "I1.copy_" not in source
+    assert "s1.data_ptr() != P1" in source and "read in place" in plan.cuda_graph_note
+    x2 = rand(8, 16)
+    assert_close(plan(x2, w)[0], eager(x2, w)[0])
+    with torch.no_grad():
+        w.mul_(-2.0)                           # updated in place (an optimizer step): still the captured memory
+    x3 = rand(8, 16)
+    y3, h3 = plan(x3, w.detach())              # a view of the same memory is the same static input
+    assert captured.graph.replays == 2 and plan.cuda_graph.moved_calls == 0
+    for out, ref in zip((y3, h3), eager(x3, w.detach()), strict=True):
+        assert_close(out, ref)
+
+
+def test_another_tensor_for_a_static_input_runs_kernel_by_kernel(fake_cuda: None) -> None:
+    plan, _ = block(static_w=True)
+    w1 = rand(16, 12)
+    kept = w1.clone()
+    plan(rand(8, 16), w1)
+    graph = plan.cuda_graph.captured.graph
+    x, w2 = rand(8, 16), rand(16, 12)
+    with pytest.warns(CudaGraphWarning, match="static input.* w .*kernel by kernel"):
+        y, h = plan(x, w2)
+    for out, ref in zip((y, h), eager(x, w2), strict=True):
+        assert_close(out, ref)
+    assert graph.replays == 0 and plan.cuda_graph.moved_calls == 1
+    assert torch.equal(w1, kept)               # the captured tensor was not overwritten with w2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")         # warned once per plan
+        assert_close(plan(x, w2)[0], eager(x, w2)[0])
+        w1.data = rand(16, 12)                 # same object, storage moved: not the captured memory
+        assert_close(plan(x, w1)[0], eager(x, w1)[0])
+        assert plan.cuda_graph.moved_calls == 3 and graph.replays == 0
+        w3 = plan.cuda_graph.captured.static_inputs[1]      # the captured memory again: replays
+        assert_close(plan(x, w3)[0], eager(x, kept)[0])
+        assert graph.replays == 1
+
+
+def test_static_inputs_from_build_and_tensor_like(fake_cuda: None) -> None:
+    w_t = rand(16, 12)
+    g = fg.Graph(name="like", compute_dtype="float32")
+    x = g.tensor((8, 16), dtype="float32", name="x")
+    w = g.tensor_like(w_t, name="w", static=True)
+    b = g.tensor((12,), dtype="float32", name="b")
+    g.add(g.matmul(g.relu(x), w), b).set_output()
+    plan = g.build(static_inputs=[b])
+    assert plan.static_inputs == (1, 2)
+    b_t = rand(12)
+    plan(rand(8, 16), w_t, b_t)
+    assert plan.cuda_graph.replay_source.count(".copy_(") == 1
+    x2 = rand(8, 16)
+    assert_close(plan(x2, w_t, b_t), torch.relu(x2) @ w_t + b_t)
+    assert plan.cuda_graph.captured.graph.replays == 1
+    assert g.build(static_inputs=b).static_inputs == (1, 2)
+    other = fg.Graph(name="other")
+    with pytest.raises(fg.GraphError, match="static_inputs"):
+        g.build(static_inputs=[other.tensor((2,), name="y")])
+    with pytest.raises(fg.GraphError, match="static_inputs"):
+        g.build(static_inputs=[g.relu(x)])
+    from fusegraph.compiler import compile_graph
+    with pytest.raises(fg.InvalidValueError, match="static_inputs"):
+        compile_graph(g.to_ir(), "cpu", static_inputs=[3])
 
 
 def test_forced_off_never_captures(fake_cuda: None) -> None:

@@ -86,30 +86,35 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         self._handles: dict[int, Tensor] = {}
         self._names: set[str] = set()
         self._device_hint: str | None = None
+        self._static_inputs: set[int] = set()   # input positions declared static=True
 
     # ---- inputs ----
     def tensor(self, shape: Sequence[int], dtype: Any = "float32", name: str | None = None,
                layout: str | None = None, strides: Sequence[int] | None = None,
-               device: str | None = None) -> Tensor:
-        """Declare a graph input."""
+               device: str | None = None, static: bool = False) -> Tensor:
+        """Declare a graph input. static=True: a parameter (a weight) that is the same tensor at every
+        call; a plan replayed as a CUDA graph reads it in place instead of copying it each call (a call
+        with another tensor there still works, kernel by kernel; runtime/cuda_graph.py)."""
         source = user_source_line()
         name = self._claim_name(name, "in", "input", source, start=len(self._inputs))
         label = where("input", name, source)
         spec = _input_spec(label, shape, dtype, layout, strides, device)
         node = Node(op="input", inputs=(), attrs=Attrs(index=len(self._inputs)), specs=(spec,), name=name,
                     source=source)
+        if static:
+            self._static_inputs.add(len(self._inputs))
         self._inputs.append(node)
         return self._handle(node)
 
-    def tensor_like(self, t: torch.Tensor, name: str | None = None) -> Tensor:
-        """Declare an input with the shape, dtype and device of a torch tensor."""
+    def tensor_like(self, t: torch.Tensor, name: str | None = None, static: bool = False) -> Tensor:
+        """Declare an input with the shape, dtype and device of a torch tensor (static: as in tensor())."""
         if not isinstance(t, torch.Tensor):
             raise GraphError(f"{where('input', name or '?', user_source_line())}: tensor_like takes a "
                              f"torch.Tensor, got {type(t).__name__}")
         layout = "NHWC" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
             and not t.is_contiguous() else None
         handle = self.tensor(tuple(t.shape), dtypes.canonical(t.dtype), name=name, layout=layout,
-                             device=t.device.type)
+                             device=t.device.type, static=static)
         self._device_hint = self._device_hint or t.device.type
         return handle
 
@@ -223,12 +228,26 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         Options (compiler.compile_graph lists them all) include cuda_graphs=True|False|None: replay the
         plan as one captured CUDA graph (None, the default: automatically when that is estimated to be
         faster; plan.cuda_graph_note says what was decided and why) and graph_outputs="copy"|"alias"
-        ("alias": the graph's output buffers are returned as they are, valid until the next call)."""
+        ("alias": the graph's output buffers are returned as they are, valid until the next call), and
+        static_inputs=[handle, ...]: more inputs to treat as declared with static=True."""
         from .compiler import compile_graph
 
         self.validate()
+        options["static_inputs"] = self._static_positions(options.get("static_inputs", ()))
         return compile_graph(self.to_ir(), device=device or self._device_hint,
                              input_handles=self.inputs(), output_handles=self.output_handles(), **options)
+
+    def _static_positions(self, handles: Any) -> list[int]:
+        """Positions of the inputs declared static and of `handles` (input Tensors of this graph)."""
+        positions = set(self._static_inputs)
+        if isinstance(handles, Tensor):
+            handles = [handles]
+        for h in handles:
+            if not isinstance(h, Tensor) or h.graph is not self or h.node.op != "input":
+                raise GraphError(f"graph {self.name}: build(static_inputs=...) takes input tensors of this graph "
+                                 f"(from g.tensor / g.tensor_like), got {h!r}")
+            positions.add(h.node.attrs["index"])
+        return sorted(positions)
 
     def __str__(self) -> str:
         if not self._outputs:

@@ -37,13 +37,16 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     keep_composites (composite ops not to decompose), fast_launch (direct launches on CUDA),
     cuda_graphs (True: capture the plan as one CUDA graph when possible, False: never, None/absent:
     automatically when launch-bound; runtime/cuda_graph.py), graph_outputs ("copy": fresh outputs each
-    call, the default; "alias": the captured output buffers, valid until the next call).
+    call, the default; "alias": the captured output buffers, valid until the next call), static_inputs
+    (positions of inputs a CUDA graph reads in place instead of copying: weights that stay the same
+    tensor from call to call; Graph.build also takes handles).
     """
     device = default_device(device)
     check_graph_outputs(options.get("graph_outputs", "copy"))
     if options.get("cuda_graphs") not in (None, True, False):
         raise InvalidValueError(f"build option cuda_graphs={options['cuda_graphs']!r}: use True, False or None "
                                 f"(automatic)")
+    static_inputs = check_static_inputs(options.get("static_inputs", ()), len(graph.inputs))
     verify(graph)
     optimized = optimize(graph)
     primitive = optimize(decompose_graph(optimized, frozenset(options.get("keep_composites", ()))))
@@ -57,9 +60,19 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
 
     plan = Plan(primitive, kernels, device, input_handles, output_handles,
                 static=bool(options.get("static", False)), rebuild=rebuild,
-                cuda_graphs=options.get("cuda_graphs"), graph_outputs=options.get("graph_outputs", "copy"))
+                cuda_graphs=options.get("cuda_graphs"), graph_outputs=options.get("graph_outputs", "copy"),
+                static_inputs=static_inputs)
     _dump(plan)
     return plan
+
+
+def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:
+    """The build option static_inputs as sorted input positions, or InvalidValueError."""
+    items = list(value) if isinstance(value, list | tuple | set | frozenset) else None
+    if items is None or not all(type(i) is int and 0 <= i < n_inputs for i in items):
+        raise InvalidValueError(f"build option static_inputs={value!r}: use a list of input positions "
+                                f"0..{n_inputs - 1} (Graph.build also takes input handles)")
+    return tuple(sorted(set(items)))
 
 
 def respecialize(graph: Graph, specs: Sequence[TensorSpec]) -> Graph:

@@ -12,8 +12,9 @@ The rule (build(cuda_graphs=None), the default) is an explicit estimate of one c
     plain = max(K * LAUNCH_US,                 floor)
     graph = max(REPLAY_US + copies * COPY_US,  floor + K * GRAPH_NODE_US + copy_bytes * 2 / bandwidth)
 
-with K kernels, floor the sum of the kernels' cost-model floors (datasheet spec) and copies = inputs
-(+ outputs unless aliased). The Plan is captured when it has two or more kernels and graph < plain:
+with K kernels, floor the sum of the kernels' cost-model floors (datasheet spec) and copies = the
+inputs not declared static (+ outputs unless aliased); copy_bytes likewise counts only those. The
+Plan is captured when it has two or more kernels and graph < plain:
 small, launch-bound plans. Never a one-kernel plan (one launch becomes one replay plus the copies,
 each about a launch's cost), never a device-bound plan (the launches hide behind the work and the
 copies only add time). cuda_graphs=True captures
@@ -26,13 +27,25 @@ Capture happens on the first call whose inputs match the Plan: that call runs ke
 (the warm-up: Triton compiles, libraries initialize) and returns its results; then the Plan is run
 once more on a side stream and captured there into a private memory pool. A capture that fails
 leaves the Plan on the plain path with a CudaGraphWarning; it never raises.
+
+Static inputs (g.tensor(..., static=True), g.tensor_like(t, static=True) or
+build(static_inputs=[handle, ...]); weights, buffers) are captured by reference: the graph reads the
+memory of the tensor passed at the capture call, so replay copies nothing for them. The rule, checked
+on every replay: a static input must be backed by the same memory as at capture, i.e.
+`t.data_ptr()` equal to the captured one (the guards already checked shape, strides and dtype), so
+the same tensor object, a view of it like t.detach(), or the same tensor updated in place (an
+optimizer step) all replay. A call whose static input is somewhere else (another tensor, or
+`w.data = ...` moved the storage) is still correct but slower: that call runs kernel by kernel
+(the plain path), with a CudaGraphWarning the first time. It is not copied into the captured memory:
+that memory is the caller's earlier tensor, which would silently change. The capture keeps the
+captured tensors' storage alive.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +88,11 @@ def check_graph_outputs(value: str) -> str:
 
 
 def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: Sequence[Any],
-           outputs: Sequence[Any], alias_outputs: bool = False) -> GraphDecision:
+           outputs: Sequence[Any], alias_outputs: bool = False,
+           static_inputs: Collection[int] = ()) -> GraphDecision:
     """Whether a Plan is captured (see the module doc for the rule). `inputs`/`outputs` are the
-    graph's input and output nodes (shape, dtype, memory strides); `kernels` its launch list."""
+    graph's input and output nodes (shape, dtype, memory strides); `kernels` its launch list;
+    `static_inputs` the positions of inputs read in place (not copied)."""
     if requested is False:
         return GraphDecision(False, "off: build(cuda_graphs=False)")
     if not settings.cuda_graphs:
@@ -94,16 +109,18 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
     if overlapping:
         return GraphDecision(False, f"not capturable: input(s) {', '.join(overlapping)} have overlapping or "
                                     f"gapped strides (cannot be copied into a captured buffer)")
-    copies = len(inputs) + (0 if alias_outputs else len(outputs))
+    copied = [n for i, n in enumerate(inputs) if i not in static_inputs]
+    copies = len(copied) + (0 if alias_outputs else len(outputs))
+    in_place = f", {len(inputs) - len(copied)} static input(s) read in place" if len(copied) < len(inputs) else ""
     if requested:
-        return GraphDecision(True, f"forced: build(cuda_graphs=True); {copies} copies per call", copies)
+        return GraphDecision(True, f"forced: build(cuda_graphs=True); {copies} copies per call{in_place}", copies)
     floor_us, bandwidth = _floor_us(kernels)
-    copy_bytes = sum(_nbytes(n) for n in inputs) + (0 if alias_outputs else sum(_nbytes(n) for n in outputs))
+    copy_bytes = sum(_nbytes(n) for n in copied) + (0 if alias_outputs else sum(_nbytes(n) for n in outputs))
     k = len(kernels)
     plain = max(k * LAUNCH_US, floor_us)
     graph = max(REPLAY_US + copies * COPY_US, floor_us + k * GRAPH_NODE_US + 2 * copy_bytes / bandwidth * 1e6)
     numbers = (f"{k} kernel(s), floor {floor_us:.1f} us, {copies} copies of {copy_bytes / 1e6:.2f} MB: "
-               f"estimated {graph:.1f} us per call as a graph vs {plain:.1f} us kernel by kernel")
+               f"estimated {graph:.1f} us per call as a graph vs {plain:.1f} us kernel by kernel{in_place}")
     if k < 2:
         return GraphDecision(False, f"auto: one kernel, nothing to batch into a graph ({numbers})", copies)
     if graph < plain:
@@ -154,24 +171,35 @@ def stream_capturing() -> bool:
 
 @dataclass
 class Captured:
-    """What replay needs: the graph, the buffers it reads and the buffers it writes."""
+    """What replay needs: the graph, the buffers it reads and the buffers it writes. `static_inputs`
+    are all the input buffers in order (for a static input: the caller's tensor, detached, read in place);
+    `by_reference` the positions of the static inputs."""
 
     graph: Any
     static_inputs: list[torch.Tensor]
     static_outputs: list[torch.Tensor]
     pool: Any
+    by_reference: frozenset[int] = frozenset()
 
 
-def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
-    """Capture one run of `run_plain` on copies of `inputs` as a CUDA graph: a warm-up run on a side
-    stream, then the capture on that stream into a private memory pool (as PyTorch requires)."""
+def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: Collection[int] = ()) -> Captured:
+    """Capture one run of `run_plain` on copies of `inputs` (the inputs themselves, detached, at the
+    positions in `by_reference`) as a CUDA graph: a warm-up run on a side stream, then the capture on
+    that stream into a private memory pool (as PyTorch requires)."""
     with torch.no_grad():
-        return _capture(run_plain, inputs)
+        return _capture(run_plain, inputs, frozenset(by_reference))
 
 
-def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
-    static_inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-                     for t in inputs]
+def input_buffers(inputs: Sequence[torch.Tensor], by_reference: frozenset[int]) -> list[torch.Tensor]:
+    """The buffers a captured graph reads: a fresh copy of each input, or the input itself (detached:
+    it keeps the storage alive and stays out of autograd) for the static ones."""
+    return [t.detach() if i in by_reference else
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+            for i, t in enumerate(inputs)]
+
+
+def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: frozenset[int]) -> Captured:
+    static_inputs = input_buffers(inputs, by_reference)
     device = static_inputs[0].device if static_inputs else torch.device("cuda")
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
@@ -184,23 +212,34 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor]) -> Captured:
     with torch.cuda.graph(graph, pool=pool, stream=side):
         static_outputs = run_plain(static_inputs)
     current.wait_stream(side)
-    return Captured(graph, static_inputs, list(static_outputs), pool)
+    return Captured(graph, static_inputs, list(static_outputs), pool, by_reference)
 
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
-                   alias_outputs: bool, name: str) -> tuple[RunFn, str]:
+                   alias_outputs: bool, name: str, moved: RunFn | None = None) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
-    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), one copy_ per input
-    into the captured buffers, the replay, and the outputs (cloned unless aliased). Returns the
-    function and its source."""
+    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), for the static inputs
+    a check that each is at its captured address (else the call goes to `moved`), one copy_ per other
+    input into the captured buffers, the replay, and the outputs (cloned unless aliased). Returns
+    the function and its source."""
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
+    by_reference = sorted(captured.by_reference)
+    if by_reference:
+        if moved is None:
+            raise ValueError("compile_replay: static inputs need a `moved` path")
+        env["MOVED"] = moved
+        for i in by_reference:
+            env[f"P{i}"] = captured.static_inputs[i].data_ptr()
+        lines += [f"    if {' or '.join(f's{i}.data_ptr() != P{i}' for i in by_reference)}:",
+                  "        return MOVED(inputs)"]
     # copy_ from an input that requires grad would make the captured buffer part of autograd's graph
     lines += ["    grad = GRAD_ON()", "    if grad:", "        SET_GRAD(False)", "    try:"]
     for i, buf in enumerate(captured.static_inputs):
         env[f"I{i}"] = buf
-        lines.append(f"        I{i}.copy_(s{i})")
+        if i not in captured.by_reference:
+            lines.append(f"        I{i}.copy_(s{i})")
     lines.append("        REPLAY()")
     results = []
     for j, out in enumerate(captured.static_outputs):
@@ -217,11 +256,13 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
 class GraphRunner:
     """A Plan's calls while capture is pending: the first matching call runs kernel by kernel, then
     captures; from then on the Plan calls the generated replay function. `install` swaps the Plan's
-    per-call function; `capture_fn` is `capture` (tests put a stand-in here on CPU)."""
+    per-call function; `capture_fn` is `capture` (tests put a stand-in here on CPU); `static_inputs`
+    the positions of the inputs captured by reference; `input_names` name them in warnings."""
 
     def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
                  guard: tuple[list[str], dict[str, Any]], alias_outputs: bool, install: Callable[[RunFn], None],
-                 set_note: Callable[[str], None]) -> None:
+                 set_note: Callable[[str], None], static_inputs: Collection[int] = (),
+                 input_names: Sequence[str] = ()) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
@@ -230,9 +271,25 @@ class GraphRunner:
         self.alias_outputs = alias_outputs
         self.install = install
         self.set_note = set_note
+        self.static_inputs = frozenset(static_inputs)
+        self.input_names = list(input_names) or [f"#{i}" for i in range(n_in)]
         self.captured: Captured | None = None
         self.replay_source = ""        # the generated per-call function once captured
-        self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor]], Captured] = capture
+        self.moved_calls = 0           # calls run kernel by kernel: a static input was not the captured one
+        self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor], Collection[int]], Captured] = capture
+
+    def moved(self, inputs: Sequence[Any]) -> list[Any]:
+        """A call whose static input is not at its captured address: run kernel by kernel (copying it
+        into the captured memory would change the caller's earlier tensor)."""
+        if self.moved_calls == 0 and self.captured is not None:
+            names = [self.input_names[i] for i in sorted(self.static_inputs)
+                     if inputs[i].data_ptr() != self.captured.static_inputs[i].data_ptr()]
+            warnings.warn(f"fusegraph: plan {self.name}: static input(s) {', '.join(names)} are not the tensors "
+                          f"captured in the CUDA graph (another tensor, or its storage moved): such calls run "
+                          f"kernel by kernel (correct, slower); pass the same tensors, or do not declare them "
+                          f"static", CudaGraphWarning, stacklevel=4)
+        self.moved_calls += 1
+        return self.run_plain(inputs)
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
         outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
@@ -240,9 +297,9 @@ class GraphRunner:
             return outs                 # inside the caller's own capture: its graph holds our launches
         self.install(self.run_plain)    # whatever happens next, no second attempt
         try:
-            self.captured = self.capture_fn(self.run_plain, inputs)
+            self.captured = self.capture_fn(self.run_plain, inputs, self.static_inputs)
             replay, self.replay_source = compile_replay(self.guard[0], self.guard[1], self.n_in, self.captured,
-                                                        self.alias_outputs, self.name)
+                                                        self.alias_outputs, self.name, self.moved)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
@@ -251,7 +308,9 @@ class GraphRunner:
             log(f"plan {self.name}: CUDA graph {note}")
             return outs
         self.install(replay)
+        in_place = f", {len(self.static_inputs)} static input(s) read in place" if self.static_inputs else ""
         self.set_note(f"captured: one CUDA graph of the whole plan, replayed from the second call "
-                      f"({'outputs alias the captured buffers' if self.alias_outputs else 'outputs cloned'})")
+                      f"({'outputs alias the captured buffers' if self.alias_outputs else 'outputs cloned'}"
+                      f"{in_place})")
         log(f"plan {self.name}: captured as one CUDA graph")
         return outs

@@ -26,7 +26,8 @@ class Plan:
     def __init__(self, graph: Graph, kernels: list[Kernel], device: str,
                  input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = (), *,
                  static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None,
-                 cuda_graphs: bool | None = None, graph_outputs: str = "copy") -> None:
+                 cuda_graphs: bool | None = None, graph_outputs: str = "copy",
+                 static_inputs: Sequence[int] = ()) -> None:
         self.graph = graph
         self.kernels = kernels
         self.device = device
@@ -42,6 +43,8 @@ class Plan:
         self._cuda = torch.device(device).type == "cuda"
         self._steps = tuple((k.launch, ins, outs, frees) for k, ins, outs, frees in self._with_frees())
         self._run_fast = self._compile_run()
+        # inputs a CUDA graph reads in place instead of copying (weights; runtime/cuda_graph.py)
+        self.static_inputs = tuple(sorted(set(static_inputs)))
         self._setup_cuda_graph(cuda_graphs, check_graph_outputs(graph_outputs) == "alias")
 
     def _setup_cuda_graph(self, requested: bool | None, alias_outputs: bool) -> None:
@@ -49,7 +52,7 @@ class Plan:
         rule); when it is, the first matching call runs kernel by kernel and then captures."""
         self.graph_outputs = "alias" if alias_outputs else "copy"
         decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
-                          alias_outputs)
+                          alias_outputs, static_inputs=self.static_inputs)
         self.cuda_graph_note = decision.note
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
@@ -67,7 +70,8 @@ class Plan:
                 self.cuda_graph_copies = 0
 
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
-                                      alias_outputs, install, set_note)
+                                      alias_outputs, install, set_note, self.static_inputs,
+                                      [n.name for n in self.graph.inputs])
         self._run_fast = self.cuda_graph.first_call
 
     @property
