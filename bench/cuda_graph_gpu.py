@@ -3,10 +3,12 @@
     PYTHONPATH=src python bench/cuda_graph_gpu.py            # JSON to $OUT/cuda_graph.json (or stdout)
 
 1. The demo transformer block (medium, bf16, 17 kernels) built with cuda_graphs=False and True:
-   correctness vs eager (fp32 and bf16) on three calls with different x (the graph reads copies of the
-   inputs), per-call latency (cuda events around one synchronized call, median of 50), host-bound
-   throughput (50 calls back to back), device time per call (profiler), and what the automatic rule
-   decides for this plan.
+   correctness vs eager (fp32 and bf16) on three calls with different x (the graph reads a copy of x
+   and its weights, declared static, in place), per-call latency (cuda events around one synchronized
+   call, median of 50), host-bound throughput (50 calls back to back), device time per call
+   (profiler), and what the automatic rule decides for this plan. "graph_copy_all" is the same block
+   with no static inputs (every weight copied per call, as before static inputs existed);
+   "moved_static_input" checks a call with other weight tensors (runs kernel by kernel, still correct).
 2. A one-kernel plan (exp over 4096 floats): host overhead per call, plain vs forced graph vs eager.
 """
 
@@ -16,6 +18,7 @@ import json
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fusegraph as fg
 from fusegraph.commands.demo_blocks import SIZES, transformer_block
-from fusegraph.runtime.cuda_graph import decide
+from fusegraph.runtime.cuda_graph import CudaGraphWarning, decide
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -88,7 +91,9 @@ def transformer() -> dict[str, Any]:
     t0 = time.perf_counter()
     graphed = block.graph.build(cuda_graphs=True)
     build_graph_s = time.perf_counter() - t0
-    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs, plain.graph.outputs)
+    copy_all = transformer_block(size, torch.bfloat16, "cuda", static_weights=False).graph.build(cuda_graphs=True)
+    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs, plain.graph.outputs,
+                  static_inputs=plain.static_inputs)
     result: dict[str, Any] = {"block": block.description, "kernels": len(plain.kernels),
                               "build_s": {"plain": round(build_plain_s, 2), "graph": round(build_graph_s, 2)},
                               "auto_decision": {"capture": auto.capture, "note": auto.note}}
@@ -100,8 +105,9 @@ def transformer() -> dict[str, Any]:
         named = dict(zip(names, feeds, strict=True))
         ref32 = block.eager({k: v.float() for k, v in named.items()})
         ref16 = block.eager(named)
-        out_plain, out_graph = plain(*feeds), graphed(*feeds)
+        out_plain, out_graph, out_copy_all = plain(*feeds), graphed(*feeds), copy_all(*feeds)
         checks.append({"call": call, "graph_vs_fp32": rel_err(out_graph, ref32),
+                       "graph_copy_all_vs_fp32": rel_err(out_copy_all, ref32),
                        "plain_vs_fp32": rel_err(out_plain, ref32),
                        "eager_bf16_vs_fp32": rel_err(ref16, ref32),
                        "graph_vs_plain_max_abs": float((out_graph.float() - out_plain.float()).abs().max())})
@@ -109,6 +115,17 @@ def transformer() -> dict[str, Any]:
     result["captured"] = graphed.cuda_graph_captured
     result["note"] = graphed.cuda_graph_note
     result["copies_per_call"] = graphed.cuda_graph_copies
+    result["static_inputs"] = len(graphed.static_inputs)
+    result["copy_all_copies_per_call"] = copy_all.cuda_graph_copies
+    result["copy_all_captured"] = copy_all.cuda_graph_captured
+    moved = [inputs[0], *(t.clone() for t in inputs[1:])]   # the same values in other tensors
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out_moved = graphed(*moved)
+    result["moved_static_input"] = {
+        "max_abs_vs_plain": float((out_moved.float() - plain(*moved).float()).abs().max()),
+        "warned": any(issubclass(w.category, CudaGraphWarning) for w in caught),
+        "kernel_by_kernel_calls": graphed.cuda_graph.moved_calls if graphed.cuda_graph else None}
     torch.cuda.synchronize()
     first = graphed(*inputs)
     kept = first.clone()
@@ -119,7 +136,8 @@ def transformer() -> dict[str, Any]:
     def eager_call() -> Any:
         return block.eager(block.named_tensors)
 
-    fns = {"plain": lambda: plain(*inputs), "graph": lambda: graphed(*inputs), "eager": eager_call}
+    fns = {"plain": lambda: plain(*inputs), "graph": lambda: graphed(*inputs),
+           "graph_copy_all": lambda: copy_all(*inputs), "eager": eager_call}
     result["latency_ms_median50"] = {k: round(latency_ms(f), 4) for k, f in fns.items()}
     result["wall_us_per_call_back_to_back"] = {k: round(wall_us_per_call(f), 1) for k, f in fns.items()}
     result["device_ms_per_call"] = {k: round(device_ms_per_call(f), 4) for k, f in fns.items()}

@@ -342,6 +342,31 @@ def test_static_inputs_from_build_and_tensor_like(fake_cuda: None) -> None:
         compile_graph(g.to_ir(), "cpu", static_inputs=[3])
 
 
+def test_torch_frontend_marks_parameters_static(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusegraph.frontends import torch_partition
+
+    built: list[Any] = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self: Any, input_vals: Any, build_options: Any) -> None:
+        original(self, input_vals, build_options)
+        built.append(self)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU())
+    compiled = torch.compile(model, backend=Session("reduce-overhead"))
+    x = rand(8, 16)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+    plans = [p.plan for p in built if p.plan is not None]
+    assert plans
+    for plan in plans:                         # weight and bias are static, x is not
+        names = {plan.graph.inputs[i].name for i in plan.static_inputs}
+        assert len(plan.static_inputs) == 2 == len(plan.graph.inputs) - 1, (names, plan.graph.inputs)
+
+
 def test_forced_off_never_captures(fake_cuda: None) -> None:
     plan, _ = block(cuda_graphs=False)
     w = rand(16, 12)

@@ -94,8 +94,10 @@ class _Weights:
 
 
 def transformer_block(size: TransformerSize, dtype: torch.dtype, device: str, seed: int = 0,
-                      second_norm: str = "layernorm", gelu_approximate: str = "none") -> DemoBlock:
-    """Pre-norm transformer block: x + O(attn(LN(x))), then + MLP(norm(.)) with gelu."""
+                      second_norm: str = "layernorm", gelu_approximate: str = "none",
+                      static_weights: bool = True) -> DemoBlock:
+    """Pre-norm transformer block: x + O(attn(LN(x))), then + MLP(norm(.)) with gelu. The weights are
+    static inputs (read in place by a CUDA graph, not copied per call) unless static_weights=False."""
     B, S, D, H, Fd = size.batch, size.seq, size.dim, size.heads, size.ffn
     if D % H:
         raise ValueError(f"dim {D} is not a multiple of heads {H}")
@@ -116,7 +118,7 @@ def transformer_block(size: TransformerSize, dtype: torch.dtype, device: str, se
         tensors["ln2_b"] = w.normal(D, std=0.1)
 
     g = fg.Graph(name="transformer_block", compute_dtype="float32")
-    h = {name: g.tensor_like(t, name=name) for name, t in tensors.items()}
+    h = {name: g.tensor_like(t, name=name, static=static_weights and name != "x") for name, t in tensors.items()}
 
     def heads(t: fg.Tensor) -> fg.Tensor:                   # (B, S, D) -> (B, H, S, Dh)
         return g.transpose(g.reshape(t, (B, S, H, Dh)), 1, 2)
@@ -158,7 +160,8 @@ def transformer_block(size: TransformerSize, dtype: torch.dtype, device: str, se
 
 def conv_block(size: ConvSize, dtype: torch.dtype, device: str, seed: int = 1,
                layout: str = "NHWC") -> DemoBlock:
-    """conv2d (same padding) -> batchnorm with running statistics (inference) -> relu."""
+    """conv2d (same padding) -> batchnorm with running statistics (inference) -> relu; the weights and
+    statistics are static inputs."""
     N, C, Hh, Ww, K, R = size.batch, size.channels, size.height, size.width, size.filters, size.kernel
     w = _Weights(dtype, device, seed)
     tensors = {
@@ -178,7 +181,7 @@ def conv_block(size: ConvSize, dtype: torch.dtype, device: str, seed: int = 1,
     pad = R // 2
 
     g = fg.Graph(name="conv_block", compute_dtype="float32")
-    h = {name: g.tensor_like(t, name=name) for name, t in tensors.items()}
+    h = {name: g.tensor_like(t, name=name, static=name != "x") for name, t in tensors.items()}
     c = g.conv2d(h["x"], h["w"], h["b"], stride=1, padding=pad)
     n = g.batch_norm(c, h["running_mean"], h["running_var"], weight=h["bn_w"], bias=h["bn_b"], training=False,
                      eps=1e-5)

@@ -12,6 +12,8 @@ captured as CUDA graphs automatically when launch-bound (runtime/cuda_graph.py).
 builds every partition with cuda_graphs=True: each static partition on CUDA is replayed as one CUDA
 graph from its second call (inputs copied into the captured buffers, outputs cloned), whatever the
 estimate says; partitions that cannot be captured (CPU, a kernel that syncs) run kernel by kernel.
+Module parameters and buffers (AOTAutograd's fw_metadata.static_input_indices) that a partition
+reads directly are its static inputs: a captured graph reads them in place, not copied per call.
 """
 
 from __future__ import annotations
@@ -163,7 +165,8 @@ class Session:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
             with unset_fake_temporarily(), self._build_settings():
-                split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition)
+                split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition,
+                                                static_input_indices(kind))
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
             if new_ops:
@@ -219,6 +222,19 @@ class Session:
                 return False
         seen.append(signature)
         return True
+
+
+def static_input_indices(kind: str) -> list[int]:
+    """Which inputs of the graph AOTAutograd is compiling are parameters or buffers (its
+    fw_metadata.static_input_indices, what torch's own CUDA graphs use); [] for a backward graph
+    (the metadata describes the forward's inputs) or where this torch does not say."""
+    if kind == "backward":
+        return []
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    indices = getattr(getattr(context, "fw_metadata", None), "static_input_indices", None)
+    return [i for i in indices if isinstance(i, int)] if isinstance(indices, list | tuple) else []
 
 
 def _is_symbolic(example_inputs: Sequence[Any]) -> bool:

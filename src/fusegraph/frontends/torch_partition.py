@@ -168,8 +168,10 @@ class CompiledPartition(torch.nn.Module):
     """A partition of the FX graph run as one fusegraph Plan; torch runs its FX code if that fails."""
 
     def __init__(self, sub: torch.fx.GraphModule, input_vals: Sequence[Any], record: PartitionRecord,
-                 build_options: dict[str, Any], warn: Callable[[str], None]) -> None:
+                 build_options: dict[str, Any], warn: Callable[[str], None],
+                 static_args: frozenset[int] = frozenset()) -> None:
         super().__init__()
+        self._static_args = static_args     # partition inputs that are module parameters/buffers
         self.eager = sub
         self.record = record
         self._warn = warn
@@ -213,7 +215,7 @@ class CompiledPartition(torch.nn.Module):
             dense = strides == contiguous_strides(shape)
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
                                  layout=None if dense else "strided", strides=None if dense else strides,
-                                 device=val.device.type)
+                                 device=val.device.type, static=index in self._static_args)
         out_args: Any = ()
         for node in self.eager.graph.nodes:
             if node.op == "get_attr":
@@ -374,8 +376,13 @@ def _attr(module: torch.nn.Module, target: str) -> Any:
 
 
 def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str, Any],
-                    warn: Callable[[str], None]) -> tuple[torch.fx.GraphModule, GraphRecord]:
-    """The FX graph with each supported region replaced by a CompiledPartition module."""
+                    warn: Callable[[str], None], static_inputs: Sequence[int] = ()
+                    ) -> tuple[torch.fx.GraphModule, GraphRecord]:
+    """The FX graph with each supported region replaced by a CompiledPartition module. `static_inputs`:
+    positions of gm's placeholders that are parameters or buffers (the same tensors at every call);
+    a partition reading one directly declares it a static input (read in place by a CUDA graph)."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    static_names = {placeholders[i] for i in static_inputs if 0 <= i < len(placeholders)}
     record = GraphRecord(kind, sum(1 for n in gm.graph.nodes
                                    if n.op == "call_function" and n.target is not operator.getitem))
     support = _Support()
@@ -396,7 +403,9 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
                       if n.op == "call_function" and n.target is not operator.getitem)
         part = PartitionRecord(f"{kind}_{node.target}", ops)
         input_vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
-        compiled = CompiledPartition(sub, input_vals, part, build_options, warn)
+        static_args = frozenset(i for i, a in enumerate(node.args)
+                                if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in static_names)
+        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
