@@ -45,7 +45,7 @@ def _loads_of(lines: list[str], ptr: str) -> list[int]:
 
 
 def _first_reduction(lines: list[str]) -> int:
-    return next(k for k, line in enumerate(lines) if re.search(r"= tl\.(sum|max|min)\(", line))
+    return next(k for k, line in enumerate(lines) if re.search(r"= tl\.(sum|max|min|reduce)\(", line))
 
 
 def _check(g: fg.Graph, feeds: list[torch.Tensor]) -> None:
@@ -93,6 +93,24 @@ def test_layernorm_backward_reads_g_and_x_once_per_row_tile() -> None:
     assert len(gy) == 1 and len(x) == 1, "g and x are loaded once per row tile"
     assert len(w) == 1 and w[0] < loop, "the weight is loaded once per program, before the loop"
     assert max(gy + x) < _first_reduction(lines), "both tiles are loaded before the first reduction"
+
+
+def test_layernorm_backward_row_sums_run_in_three_rounds() -> None:
+    """sum(x) and sum(g * w) do not depend on each other: one two-operand tl.reduce (one shared
+    memory exchange, one set of barriers); then sum((x - mean)^2), then sum(g * w * xhat). The
+    dx term g * w - mean(g * w) is computed after the last reduction, not held across two."""
+    g, _ = _layernorm_backward(64, 256)
+    source = g.build().kernels[0].source
+    lines = _first_kernel_body(source)
+    row_reduction = r"= tl\.(sum|max|min|reduce)\(.*(axis=1|, 1, _combine)"
+    rounds = [k for k, line in enumerate(lines) if re.search(row_reduction, line)]
+    assert len(rounds) == 3, [lines[k] for k in rounds]
+    first = lines[rounds[0]]
+    assert "tl.reduce((" in first and first.count("tl.where(mask,") == 2 and "_combine_sum_sum" in first
+    assert "def _combine_sum_sum(a0, a1, b0, b1):\n    return a0 + b0, a1 + b1" in source
+    centered = next(k for k, line in enumerate(lines) if re.search(r"= \(v\d+_\w+ - v\d+_\w+\)$", line.strip())
+                    and "mul - " in line)
+    assert centered > rounds[-1], lines[centered]
 
 
 def _each_candidate(monkeypatch: pytest.MonkeyPatch, index: int) -> None:

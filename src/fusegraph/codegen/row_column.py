@@ -9,6 +9,7 @@ to a fp32 workspace [SPLITS, columns]; the finish kernel reduces them in program
 from __future__ import annotations
 
 from ..fusion.partition import Entry, RowColumnGroup
+from ..ir import dtypes
 from .column_split import FILL, ColumnSplitWriter, _combine_of
 from .triton_gen import (
     GeneratedKernel,
@@ -92,14 +93,8 @@ class RowColumnWriter(ColumnSplitWriter):
         for key, (source, index) in gathers.items():   # loaded indices: gather before any reduction
             if index.kind == "load":
                 self._gather(by_key[key], source, index, dimvar, cols)
-        for e in row.entries:
-            if e.key in gathers:
-                if e.key not in self.expr:
-                    self._gather(e, *gathers[e.key], dimvar, cols)
-            elif e.kind == "reduce":
-                self._reduce_single(e, 1)
-            elif e.kind != "load":
-                self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+        self.combiners: dict[tuple[str, ...], str] = {}
+        self._rounds(row.entries, gathers, dimvar, cols)
         for e in row.stores:
             if e.key in self.out_ptr:   # stores only the col kernel read stay in registers
                 self.store(e, "mask" if e.full else "rmask", dimvar, 2)
@@ -119,9 +114,60 @@ class RowColumnWriter(ColumnSplitWriter):
         partial = self.lines
         finish = self.finish_lines(f"{self.name}_finish", signature, col.domain, col.entries, col.stores,
                                    reduces, workspaces, "FROWS")
-        return GeneratedKernel(self.name, self.module([*partial, "", "", "", *finish]), "reduction", self.inputs,
-                               self.outputs, extent=extent, reduced_extent=rows, finish_name=f"{self.name}_finish",
-                               workspaces=len(reduces), meta={"row_column": True, "rows": rows, "cols": cols})
+        # the tuple reductions' combine functions go last: the partial kernel stays the module's first
+        helpers = [line for fn in self.combiners.values() for line in ("", "", fn)]
+        return GeneratedKernel(self.name, self.module([*partial, "", "", "", *finish, *helpers]), "reduction",
+                               self.inputs, self.outputs, extent=extent, reduced_extent=rows,
+                               finish_name=f"{self.name}_finish", workspaces=len(reduces),
+                               meta={"row_column": True, "rows": rows, "cols": cols})
+
+    def _rounds(self, entries: list[Entry], gathers: dict[str, tuple[Entry, Entry]], dimvar: dict[int, str],
+                cols: int) -> None:
+        """The row kernel in rounds of reductions: every reduction of a round at once (one
+        multi-operand tl.reduce: the operands share the shared-memory exchange and its barriers;
+        layernorm backward's sum(x) and sum(g * w) go together), each other value in the last round
+        before its first use (a tile computed early stays live in registers across the barriers)."""
+        self.by_key = {e.key: e for e in entries}
+        level = _reduction_rounds(entries, gathers)
+        last = max(level.values(), default=0)
+        when = _emit_rounds(entries, level, last + 1)
+        for p in range(last + 2):
+            for e in entries:
+                if (e.kind in ("load", "reduce") and e.key not in gathers) or when[e.key] != p:
+                    continue
+                if e.key in gathers:
+                    if e.key not in self.expr:
+                        self._gather(e, *gathers[e.key], dimvar, cols)
+                else:
+                    self.value(e, "mask" if e.full else "rmask", dimvar, 2)
+            batch = [e for e in entries if e.kind == "reduce" and e.key not in gathers and level[e.key] == p]
+            merged = [e for e in batch if self._mergeable(e)]
+            for e in batch:
+                if len(merged) < 2 or e not in merged:
+                    self._reduce_single(e, 1)
+            if len(merged) >= 2:
+                self._reduce_together(merged)
+
+    def _mergeable(self, e: Entry) -> bool:
+        """Float reductions only: tl.sum widens small integers, a tuple tl.reduce does not."""
+        arg = self.by_key.get(e.args[0])
+        return arg is not None and dtypes.is_float(arg.node.dtype) and _combine_of(e) in ("sum", "max", "min")
+
+    def _reduce_together(self, batch: list[Entry]) -> None:
+        combines = tuple(_combine_of(e) for e in batch)
+        fn = f"_combine_{'_'.join(combines)}"
+        if combines not in self.combiners:
+            n = len(combines)
+            params = ", ".join([f"a{k}" for k in range(n)] + [f"b{k}" for k in range(n)])
+            ops = {"sum": "a{k} + b{k}", "max": "tl.maximum(a{k}, b{k})", "min": "tl.minimum(a{k}, b{k})"}
+            body = ", ".join(ops[c].format(k=k) for k, c in enumerate(combines))
+            self.combiners[combines] = f"@triton.jit\ndef {fn}({params}):\n    return {body}"
+        masked = ", ".join(f"tl.where(mask, {self.expr[e.args[0]]}, {FILL[c]})" for e, c in zip(batch, combines,
+                                                                                                  strict=True))
+        targets = ", ".join(e.key for e in batch)
+        self.emit(f"{targets} = tl.reduce(({masked},), 1, {fn}, keep_dims=True)", 2)
+        for e in batch:
+            self.expr[e.key] = e.key
 
     def _accumulate(self, e: Entry, mask: str) -> None:
         combine = _combine_of(e)
@@ -131,6 +177,35 @@ class RowColumnWriter(ColumnSplitWriter):
         else:
             fn = "tl.maximum" if combine == "max" else "tl.minimum"
             self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 2)
+
+
+def _reduction_rounds(entries: list[Entry], gathers: dict[str, tuple[Entry, Entry]]) -> dict[str, int]:
+    """Round of each row value: how many rounds of reductions it waits for (a reduction belongs to
+    the round of its operand; a gathered value to the round of its index)."""
+    level: dict[str, int] = {}
+    reduce_keys = {e.key for e in entries if e.kind == "reduce"}
+    for e in entries:
+        if e.key in gathers:
+            index = gathers[e.key][1]
+            level[e.key] = 0 if index.kind == "load" else level.get(index.key, 0)
+        elif e.kind == "reduce":
+            level[e.key] = level.get(e.args[0], 0)
+        else:
+            level[e.key] = max((level.get(a, 0) + (a in reduce_keys) for a in e.args), default=0)
+    return level
+
+
+def _emit_rounds(entries: list[Entry], level: dict[str, int], end: int) -> dict[str, int]:
+    """The round each value is computed in: the latest that is still before its first use (a
+    reduction uses its operand in its own round; stores and the column values come after the
+    last round, `end`)."""
+    when: dict[str, int] = {}
+    for e in reversed(entries):
+        when.setdefault(e.key, end)
+        need = level[e.key] if e.kind == "reduce" else when[e.key]
+        for a in e.args:
+            when[a] = min(when.get(a, end), need)
+    return {k: max(v, level[k]) for k, v in when.items()}
 
 
 def _row_independent(e: Entry, kept: tuple[int, ...]) -> bool:
