@@ -16,7 +16,7 @@ from .ir.spec import TensorSpec
 from .ir.verify import verify
 from .lower import lower_fused, lower_reference
 from .passes import optimize
-from .passes.decompose import decompose_graph
+from .passes.decompose import decompose_keeping
 from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
@@ -49,7 +49,8 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     static_inputs = check_static_inputs(options.get("static_inputs", ()), len(graph.inputs))
     verify(graph)
     optimized = optimize(graph)
-    primitive = optimize(decompose_graph(optimized, frozenset(options.get("keep_composites", ()))))
+    # decompose runs as a Pass: recorded in provenance and verified like the others
+    primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
     if options.get("fuse", True):
         kernels = lower_fused(primitive, device, options)
     else:

@@ -51,12 +51,3 @@ def conv2d_channels_last(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     w = w.contiguous(memory_format=torch.channels_last)
     return F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
                     dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
-
-
-def cudnn_frontend_available() -> bool:
-    """nvidia-cudnn-frontend importable (`import cudnn`); its fused graphs are optional."""
-    try:
-        import cudnn  # noqa: F401
-    except Exception:
-        return False
-    return True

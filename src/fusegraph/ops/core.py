@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ShapeError
-from ..ir import dtypes
 from ..ir.registry import NO_UPCAST, SOURCE, Cost, define
-from ..ir.spec import TensorSpec
 
 
 def _no_infer(specs, attrs):  # type: ignore[no-untyped-def]
@@ -34,7 +32,3 @@ def _getitem_infer(specs, attrs):  # type: ignore[no-untyped-def]
 
 define("getitem", _getitem_infer, lambda xs, a: xs[0][a["index"]], props={NO_UPCAST},
        cost_fn=lambda i, o, a: Cost(0, 0), doc="Output `index` of a multi-output op.")
-
-
-def constant_spec(value: torch.Tensor) -> TensorSpec:
-    return TensorSpec(tuple(value.shape), dtypes.canonical(value.dtype))

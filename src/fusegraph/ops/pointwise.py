@@ -88,10 +88,6 @@ define("cast", _cast_infer, lambda xs, a: xs[0].to(dtypes.to_torch(a["dtype"])),
        doc="Convert to attrs['dtype'] (round to nearest even; saturation is quantize's job).")
 
 
-def _pow_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    return torch.pow(xs[0], xs[1])
-
-
 _BINARY: dict[str, tuple[Any, Any, float, set[str]]] = {
     "add": (torch.add, lambda v, a: f"({v[0]} + {v[1]})", 1, {COMMUTATIVE, ASSOCIATIVE}),
     "sub": (torch.sub, lambda v, a: f"({v[0]} - {v[1]})", 1, set()),

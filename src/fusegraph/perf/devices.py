@@ -255,13 +255,6 @@ def custom_spec(name: str = "custom", base: DeviceSpec | None = None, **fields: 
                       measured=base.measured if base else ())
 
 
-def spec_from_json(data: Mapping[str, Any]) -> DeviceSpec:
-    return DeviceSpec(str(data["name"]), float(data["bandwidth"]), int(data["l2_bytes"]), int(data["sms"]),
-                      float(data["clock_ghz"]), {k: float(v) for k, v in data["peak"].items()},
-                      {k: float(v) for k, v in data.get("sparse", {}).items()}, float(data["launch_us"]),
-                      float(data["host_launch_us"]), str(data.get("source", "")), tuple(data.get("measured", ())))
-
-
 def fmt_bandwidth(bps: float) -> str:
     return f"{bps / 1e12:.2f} TB/s" if bps >= 1e12 else f"{bps / 1e9:.0f} GB/s"
 

@@ -3,7 +3,6 @@ wins (or that the floor is too short to matter next to a launch) is its bound.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +119,3 @@ def classify_measured(floor: Floor, measured_s: float | None) -> str:
     if measured_s is not None and measured_s * 1e6 < LATENCY_BOUND_US:
         return "latency"
     return floor.bound
-
-
-def sum_floors(floors: Sequence[Floor]) -> float:
-    return sum(f.seconds for f in floors)
