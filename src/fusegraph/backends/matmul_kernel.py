@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from ..codegen.compile import interpreting, load_triton_function
-from ..codegen.matmul import GeneratedGemm, gemm_configs, gemm_launch_parameters, gemm_supported, generate_gemm
+from ..codegen.matmul import (
+    GeneratedGemm,
+    gemm_candidates,
+    gemm_launch_parameters,
+    gemm_supported,
+    generate_gemm,
+    split_k_finish_grid,
+)
 from ..fusion.epilogue import MatmulGroup
 from ..ir import dtypes
 from ..ir.node import Node
@@ -36,34 +43,65 @@ def matmul_group_cost(group: MatmulGroup) -> Cost:
 
 
 class GemmLaunch:
-    """Allocate the outputs and launch the generated GEMM with one config."""
+    """Allocate the outputs and launch the generated GEMM with one config: the tiled kernel (`fn`),
+    or the config's VARIANT ("persistent"; "splitk": partials into an fp32 workspace, then the
+    reduction + epilogue kernel), loaded from `gen`'s variant source."""
 
     def __init__(self, fn: Any, gen: GeneratedGemm, config: dict[str, Any], device: str) -> None:
-        self.fn = fn
+        self.variant = str(config.get("VARIANT", "tiled"))
+        self.fns = [fn] if self.variant == "tiled" else [
+            load_triton_function(gen.variants[self.variant][1], kernel) for kernel in gen.variants[self.variant][0]]
+        self.fn = self.fns[0]
         self.grid, self.constexprs, self.num_warps, self.num_stages = gemm_launch_parameters(gen.geometry, config)
         self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in gen.outputs]
         self.device = torch.device(device)
+        self.workspace = 0
+        if self.variant == "splitk":
+            geo = gen.geometry
+            self.finish_grid, self.finish_constexprs = split_k_finish_grid(geo, config)
+            self.workspace = int(config["SPLITS"]) * max(1, geo.batch_numel) * geo.m * geo.n
 
-        self.uses_tma = bool(self.constexprs["USE_TMA"])
+        self.uses_tma = bool(self.constexprs.get("USE_TMA", False))
         if self.uses_tma and self.device.type == "cuda":
             _set_tma_allocator()
 
-    def warmup_job(self, args: Sequence[torch.Tensor]) -> Any:
-        """A call that makes Triton compile this config without launching it (tune/precompile.py)."""
-        def job() -> Any:
-            outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
-            return self.fn.warmup(*args, *outs, grid=self.grid, **self.constexprs, num_warps=self.num_warps,
-                                  num_stages=self.num_stages)
+    def _outputs(self) -> list[torch.Tensor]:
+        return [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
 
-        return job
+    def warmup_jobs(self, args: Sequence[torch.Tensor]) -> list[Any]:
+        """Calls that make Triton compile this config's kernels without launching them (tune/precompile.py)."""
+        def job() -> Any:
+            return self.fn.warmup(*args, *self._outputs(), grid=self.grid, **self.constexprs,
+                                  num_warps=self.num_warps, num_stages=self.num_stages)
+
+        if self.variant != "splitk":
+            return [job]
+        ws = torch.empty(self.workspace, dtype=torch.float32, device=self.device)
+
+        def partial() -> Any:
+            return self.fns[0].warmup(*args, ws, grid=self.grid, **self.constexprs, num_warps=self.num_warps,
+                                      num_stages=self.num_stages)
+
+        def finish() -> Any:
+            return self.fns[1].warmup(*args, *self._outputs(), ws, grid=self.finish_grid, **self.finish_constexprs,
+                                      num_warps=4)
+
+        return [partial, finish]
+
+    def warmup_job(self, args: Sequence[torch.Tensor]) -> Any:
+        return self.warmup_jobs(args)[0]
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        outs = [torch.empty_strided(s, st, dtype=dt, device=self.device) for s, st, dt in self.out_specs]
-        if self.uses_tma and any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
-            self.fn[self.grid](*args, *outs, **dict(self.constexprs, USE_TMA=False), num_warps=self.num_warps,
-                               num_stages=self.num_stages)
+        outs = self._outputs()
+        if self.variant == "splitk":
+            ws = torch.empty(self.workspace, dtype=torch.float32, device=self.device)
+            self.fns[0][self.grid](*args, ws, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+            self.fns[1][self.finish_grid](*args, *outs, ws, **self.finish_constexprs, num_warps=4)
             return outs
-        self.fn[self.grid](*args, *outs, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        consts = self.constexprs
+        if self.uses_tma and any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
+            consts = dict(consts, USE_TMA=False)
+        self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages)
         return outs
 
 
@@ -98,7 +136,8 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
     kernel = Kernel(name=name, kind="matmul", backend="cublas", nodes=tuple(group.nodes),
                     inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
                     source=cublas.describe(group))
-    kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch)
+    kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch,
+                            options.get("gemm_variant"))
     if kernel.backend == "cublas" and epilogue is not None and device.startswith("cuda"):
         epilogue.build()  # generated and compiled now, not at the first call (or in a CUDA-graph capture)
     kernel.tuning = dict(kernel.tuning or {"source": "default", "seconds": 0.0, "candidates": 1},
@@ -107,7 +146,9 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 
 
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
-                   library: Any, reference_launch: Any) -> Kernel:
+                   library: Any, reference_launch: Any, variant: str | None = None) -> Kernel:
+    """`variant` (build option gemm_variant: "tiled", "persistent" or "splitk"): only that kind's
+    candidates (and cuBLAS) are considered; none of that kind: the usual candidates."""
     identity = not group.epilogue_nodes
     why = gemm_supported(group)
     if why is not None:
@@ -115,9 +156,11 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         _debug(name, kernel.note)
         return kernel
     gen = generate_gemm(group, name)
-    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
-                           itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype))
-    kernel.source, kernel.backend, kernel.config = gen.source, "triton", dict(configs[0], backend="triton")
+    configs = _gemm_candidates(gen, device, group)
+    if variant is not None:
+        configs = [c for c in configs if c.get("VARIANT", "tiled") == variant] or configs
+    kernel.source, kernel.backend = gen.source_of(configs[0].get("VARIANT", "tiled")), "triton"
+    kernel.config = dict(configs[0], backend="triton")
     if not settings.use_triton or not (device.startswith("cuda") or interpreting()):
         kernel.note = "planned as a Triton GEMM; runs through the reference on this device"
         kernel.launch = _reference_group_launch(group, compute_dtype, reference_launch)
@@ -135,6 +178,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         kernel.note = "cuBLAS was faster for this shape" + ("" if identity else " (epilogue as a second launch)")
         return kernel
     launch = GemmLaunch(fn, gen, choice, device)
+    kernel.source = gen.source_of(launch.variant)
     if device.startswith("cuda"):
         try:  # compile now: a config that does not build falls back to cuBLAS here, not at run time
             example = _example_inputs(gen.inputs, device)
@@ -177,8 +221,8 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         return bench_ms(lambda: launch(args))
 
     def precompile(kept: Sequence[Config]) -> None:
-        compile_in_parallel([GemmLaunch(fn, gen, dict(c.values), device).warmup_job(args)
-                             for c in kept if c["backend"] == "triton"])
+        compile_in_parallel([job for c in kept if c["backend"] == "triton"
+                             for job in GemmLaunch(fn, gen, dict(c.values), device).warmup_jobs(args)])
 
     key = _tune_key(gen, device)
     result = tune(name, key, candidates, bench, floor_ms=floor_ms_of(kernel), precompile=precompile)
@@ -195,8 +239,7 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     if gemm_supported(group) is not None:
         return []
     gen = generate_gemm(group, name)
-    configs = gemm_configs(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
-                           itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype))
+    configs = _gemm_candidates(gen, device, group)
     shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
                    outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
     if not settings.autotune or launch_bound(floor_ms_of(shape)):
@@ -209,7 +252,7 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
         return []
     fn = load_triton_function(gen.source, name)
     args = _example_inputs(gen.inputs, device)
-    return [GemmLaunch(fn, gen, c, device).warmup_job(args) for c in configs]
+    return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
 
 
 def _candidates(configs: list[dict[str, Any]]) -> list[Any]:
@@ -219,7 +262,21 @@ def _candidates(configs: list[dict[str, Any]]) -> list[Any]:
 
 
 def _tune_key(gen: GeneratedGemm, device: str) -> dict[str, Any]:
-    return {"source": gen.source, "device": device, "torch": torch.__version__}
+    return {"source": gen.all_sources, "device": device, "torch": torch.__version__}
+
+
+def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> list[dict[str, Any]]:
+    """Tiled, persistent and split-K configs of this GEMM on `device` (warp specialization only
+    where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
+    return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
+                           itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
+                           warp_specialize=_capability(device) >= 10)
+
+
+def _capability(device: str) -> int:
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.get_device_capability(torch.device(device))[0])
 
 
 def _sm_count(device: str) -> int:

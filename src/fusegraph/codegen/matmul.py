@@ -10,55 +10,49 @@ pointwise writer of triton_gen: each domain dim is indexed by a batch index, `of
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from ..fusion.epilogue import MatmulGroup
 from ..fusion.partition import Entry, squeeze_map
 from ..ir import dtypes
 from ..ir.node import Node
-from .configs import next_pow2
+from .gemm_configs import (  # noqa: F401
+    GEMM_TILES,
+    SMS,
+    GemmGeometry,
+    gemm_candidates,
+    gemm_configs,
+    gemm_launch_parameters,
+    persistent_configs,
+    small_problem,
+    split_k_configs,
+    split_k_finish_grid,
+    tile_cost,
+)
 from .triton_gen import HEADER, TL_DTYPE, _Writer
 
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Hopper-friendly tiles, best guess first
-GEMM_TILES = (
-    (128, 256, 64, 8, 8, 3),
-    (128, 128, 64, 8, 4, 4),
-    (256, 128, 64, 8, 8, 3),
-    (64, 256, 32, 8, 4, 4),
-    (128, 64, 64, 8, 4, 4),
-    (64, 64, 32, 8, 4, 4),
-)
-
-
-@dataclass
-class GemmGeometry:
-    batch: tuple[int, ...]
-    m: int
-    n: int
-    k: int
-    a_strides: tuple[int, int]           # (along M, along K) of A'
-    b_strides: tuple[int, int]           # (along K, along N) of B'
-    a_batch: tuple[int, ...]             # per output batch dim: A's stride (0 where broadcast)
-    b_batch: tuple[int, ...]
-
-    @property
-    def batch_numel(self) -> int:
-        return math.prod(self.batch)
-
-
 @dataclass
 class GeneratedGemm:
     name: str
-    source: str
+    source: str                          # the tiled kernel (one output tile a program)
     inputs: list[Node]
     outputs: list[Node]
     geometry: GemmGeometry
     tma: bool = False                    # the source has a TMA-descriptor path (USE_TMA)
+    # VARIANT -> (kernel names, module source): "persistent" (one kernel) and "splitk" (partials, then
+    # the reduction + epilogue kernel)
+    variants: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+
+    def source_of(self, variant: str) -> str:
+        return self.source if variant == "tiled" else self.variants[variant][1]
+
+    @property
+    def all_sources(self) -> str:
+        """Every variant's source (the autotuner's cache key covers all candidates)."""
+        return "\n".join([self.source] + [src for _, src in self.variants.values()])
 
 
 TmaOperand = tuple[str, str, str, str, bool]   # shape, strides, block shape, load offsets, transpose after load
@@ -133,78 +127,24 @@ def gemm_supported(group: MatmulGroup) -> str | None:
     return None
 
 
-SMS = 132                   # streaming multiprocessors of an H100/H200, when no GPU says otherwise
-SMEM_BYTES = 232448         # shared memory one program may use on Hopper (227 KiB)
-SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill the GPU (+ cuBLAS: 4)
-LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 2 TMA + cuBLAS: 6)
-LARGE_PROBLEM_TMA = 2
-
-
-def gemm_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
-                 limit: bool = True) -> list[dict[str, Any]]:
-    """Tile candidates, best first by `tile_cost`, pruned to what is worth compiling.
-
-    Rules: tiles are clipped to the problem padded to a power of two (tl.dot needs every side >= 16)
-    and a clipped duplicate is dropped; num_stages is lowered until the operand pipeline fits in
-    shared memory (a config that cannot fit is dropped); candidates are ordered by `tile_cost`
-    (waves over `sms` x the work of one tile / its efficiency). With `limit`: a problem that 128x128
-    tiles do not spread over every SM keeps SMALL_PROBLEM_TRITON candidates, larger ones keep
-    LARGE_PROBLEM_TRITON; with `tma` the best LARGE_PROBLEM_TMA (small problems: 1) of those also
-    read through TMA descriptors (Hopper), within the same count for small problems."""
-    cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
-    out: list[dict[str, Any]] = []
-    tiles_seen: set[tuple[int, int, int]] = set()
-    for bm, bn, bk, gm, warps, stages in GEMM_TILES:
-        bm, bn, bk = min(bm, cap_m), min(bn, cap_n), min(bk, cap_k)
-        if (bm, bn, bk) in tiles_seen:
-            continue
-        while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
-            stages -= 1
-        if stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
-            continue
-        tiles_seen.add((bm, bn, bk))
-        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm,
-                    "num_warps": warps if bm * bn >= 128 * 128 else 4, "num_stages": stages})
-    out.sort(key=lambda c: tile_cost(geometry, c, sms))  # stable: ties keep GEMM_TILES' order
-    if not limit:
-        return out + ([dict(c, USE_TMA=True) for c in out[:3]] if tma else [])
-    if small_problem(geometry, sms):
-        keep = out[:SMALL_PROBLEM_TRITON - 1 if tma and len(out) > 1 else SMALL_PROBLEM_TRITON]
-        return keep + ([dict(keep[0], USE_TMA=True)] if tma else [])
-    keep = out[:LARGE_PROBLEM_TRITON]
-    return keep + ([dict(c, USE_TMA=True) for c in keep[:LARGE_PROBLEM_TMA]] if tma else [])
-
-
-def small_problem(geometry: GemmGeometry, sms: int = SMS) -> bool:
-    """True when 128x128 output tiles would leave some SMs without work."""
-    return -(-geometry.m // 128) * -(-geometry.n // 128) * max(1, geometry.batch_numel) < sms
-
-
-def tile_cost(geometry: GemmGeometry, config: dict[str, Any], sms: int = SMS) -> float:
-    """Relative time of a config: programs per SM (rounded up: the last wave counts whole) x the
-    multiply-adds of one tile / the tile's efficiency. Efficiency grows with the tile's operand
-    reuse BM*BN/(BM+BN) (FLOPs per byte loaded) up to that of a 128x128 tile."""
-    bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    tiles = -(-geometry.m // bm) * -(-geometry.n // bn) * max(1, geometry.batch_numel)
-    efficiency = min(1.0, (bm * bn / (bm + bn)) / 64.0)
-    return -(-tiles // sms) * bm * bn / efficiency
-
-
-def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tuple[
-        tuple[int, ...], dict[str, Any], int, int]:
-    """(grid, constexprs, num_warps, num_stages) of one config."""
-    bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
-    grid = (-(-geometry.m // bm) * -(-geometry.n // bn), max(1, geometry.batch_numel))
-    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
-              "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
-    return grid, consts, int(config.get("num_warps", 4)), int(config.get("num_stages", 3))
-
-
 def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
-    return _GemmWriter(group, name).write()
+    """The tiled kernel and its persistent and split-K variants (one writer each: a writer's value
+    names are per kernel)."""
+    tiled = _GemmWriter(group, name)
+    source = HEADER + tiled.write_tiled()
+    persistent = f"{name}_persistent"
+    partial, finish = f"{name}_splitk", f"{name}_splitk_finish"
+    variants = {
+        "persistent": ((persistent,), HEADER + _GemmWriter(group, persistent).write_persistent()),
+        "splitk": ((partial, finish), HEADER + _GemmWriter(group, partial).write_split_partial() + "\n\n"
+                   + _GemmWriter(group, finish).write_split_finish()),
+    }
+    return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
+                         variants=variants)
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")
+TILE_CONSTS = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "USE_TMA"]
 
 
 class _GemmWriter(_Writer):
@@ -215,6 +155,9 @@ class _GemmWriter(_Writer):
         self.kernel_inputs = group.inputs
         self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.kernel_inputs)}
         self.zero_index = "zero_m"
+        a = group.matmul.inputs[0]
+        self.tma = tma_plan(self.geo, dtypes.itemsize(a.dtype))
+        self.precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
 
     def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
         off = super().offset(node, emb, dimvar)
@@ -244,87 +187,205 @@ class _GemmWriter(_Writer):
         value = self.expr[entry.key]
         self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)", indent)
 
-    def write(self) -> GeneratedGemm:
-        geo, mm = self.geo, self.gemm.matmul
-        a, b = mm.inputs
-        pa, pb = self.ptr[a.id], self.ptr[b.id]
-        args = [self.ptr[n.id] for n in self.kernel_inputs] + list(self.out_ptr.values())
-        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "USE_TMA"]
-        head = [f"@triton.jit\ndef {self.name}({', '.join(args + [f'{c}: tl.constexpr' for c in consts])}):"]
+    # ---- pieces --------------------------------------------------------------------------------
+
+    def _head(self, pointers: list[str], consts: list[str]) -> str:
+        return f"@triton.jit\ndef {self.name}({', '.join(pointers + [f'{c}: tl.constexpr' for c in consts])}):"
+
+    def _pointers(self, outputs: bool = True, workspace: bool = False) -> list[str]:
+        out = [self.ptr[n.id] for n in self.kernel_inputs]
+        return out + (list(self.out_ptr.values()) if outputs else []) + (["ws"] if workspace else [])
+
+    def _grid_shape(self) -> None:
+        geo = self.geo
+        self.emit(f"M, N, K = {geo.m}, {geo.n}, {geo.k}")
+        self.emit("num_pid_m = tl.cdiv(M, BLOCK_M)")
+        self.emit("num_pid_n = tl.cdiv(N, BLOCK_N)")
+        self.emit("group_size = GROUP_M * num_pid_n")
+
+    def _tile_of(self, tile: str, indent: int, suffix: str = "") -> None:
+        """pid_m, pid_n of the tile numbered `tile` in grouped order (GROUP_M rows of tiles share B
+        columns in L2)."""
+        e, s = self.emit, suffix
+        e(f"first_m{s} = ({tile} // group_size) * GROUP_M", indent)
+        e(f"rows_in_group{s} = min(num_pid_m - first_m{s}, GROUP_M)", indent)
+        e(f"pid_m{s} = first_m{s} + (({tile} % group_size) % rows_in_group{s})", indent)
+        e(f"pid_n{s} = ({tile} % group_size) // rows_in_group{s}", indent)
+
+    def _tile_index(self, indent: int, suffix: str = "") -> None:
+        """The output tile's row/column indices and masks, as the epilogue reads them."""
         e = self.emit
-        e(f"M, N, K = {geo.m}, {geo.n}, {geo.k}")
-        e("pid = tl.program_id(0)")
-        e("num_pid_m = tl.cdiv(M, BLOCK_M)")
-        e("num_pid_n = tl.cdiv(N, BLOCK_N)")
-        e("group_size = GROUP_M * num_pid_n")
-        e("first_m = (pid // group_size) * GROUP_M")
-        e("rows_in_group = min(num_pid_m - first_m, GROUP_M)")
-        e("pid_m = first_m + ((pid % group_size) % rows_in_group)")
-        e("pid_n = (pid % group_size) // rows_in_group")
-        e("offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]")
-        e("offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]")
-        e("mask_m = offs_m < M")
-        e("mask_n = offs_n < N")
-        e("mask = mask_m & mask_n")
-        e("zero_m = offs_m * 0")
-        e("zero_mn = zero_m + offs_n * 0")
-        batch_vars = self._batch_indices()
-        a_base = _batch_offset(batch_vars, geo.a_batch)
-        b_base = _batch_offset(batch_vars, geo.b_batch)
-        sam, sak = geo.a_strides
-        sbk, sbn = geo.b_strides
-        e("rk = tl.arange(0, BLOCK_K)")
+        e(f"offs_m = (pid_m{suffix} * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]", indent)
+        e(f"offs_n = (pid_n{suffix} * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]", indent)
+        e("mask_m = offs_m < M", indent)
+        e("mask_n = offs_n < N", indent)
+        e("mask = mask_m & mask_n", indent)
+        e("zero_m = offs_m * 0", indent)
+        e("zero_mn = zero_m + offs_n * 0", indent)
+
+    def _descriptors(self, indent: int) -> None:
+        assert self.tma is not None
+        (a_shape, a_strides, a_block, _, _), (b_shape, b_strides, b_block, _, _) = self.tma
+        pa, pb = (self.ptr[x.id] for x in self.gemm.matmul.inputs)
+        self.emit(f"a_desc = tl.make_tensor_descriptor({pa} + {self.a_base}, shape={a_shape}, strides={a_strides}, "
+                  f"block_shape={a_block})", indent)
+        self.emit(f"b_desc = tl.make_tensor_descriptor({pb} + {self.b_base}, shape={b_shape}, strides={b_strides}, "
+                  f"block_shape={b_block})", indent)
+
+    def _mainloop(self, indent: int, tma: bool, k_lo: str = "0", k_hi: str = "K") -> None:
+        """acc = A'[tile rows, k_lo:k_hi] @ B'[k_lo:k_hi, tile cols] in fp32."""
+        e = self.emit
+        if tma:
+            assert self.tma is not None
+            (_, _, _, a_at, a_trans), (_, _, _, b_at, b_trans) = self.tma
+            e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", indent)
+            e(f"for k0 in range({k_lo}, {k_hi}, BLOCK_K):", indent)
+            e(f"a = {'tl.trans(' if a_trans else ''}a_desc.load({a_at}){')' if a_trans else ''}", indent + 1)
+            e(f"b = {'tl.trans(' if b_trans else ''}b_desc.load({b_at}){')' if b_trans else ''}", indent + 1)
+            e(f"acc = tl.dot(a, b, acc{self.precision})", indent + 1)
+            return
+        pa, pb = (self.ptr[x.id] for x in self.gemm.matmul.inputs)
+        sam, sak = self.geo.a_strides
+        sbk, sbn = self.geo.b_strides
         # rows/cols past the edge wrap around (in bounds; their results are never stored); a modulo
         # keeps Triton's contiguity analysis (vectorized loads), a tl.where would not
-        e("safe_m = offs_m % M")
-        e("safe_n = offs_n % N")
-        e(f"a_ptrs = {pa} + {a_base} + safe_m * {sam} + rk[None, :] * {sak}")
-        e(f"b_ptrs = {pb} + {b_base} + rk[:, None] * {sbk} + safe_n * {sbn}")
-        e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
-        tma = tma_plan(geo, dtypes.itemsize(a.dtype))
-        inner = 1
-        if tma is not None:  # TMA descriptors (Hopper): tiles land in shared memory, edges zero-filled
-            inner = 2
-            e("if USE_TMA:")
-            (a_shape, a_strides, a_block, a_at, a_trans), (b_shape, b_strides, b_block, b_at, b_trans) = tma
-            e(f"a_desc = tl.make_tensor_descriptor({pa} + {a_base}, shape={a_shape}, strides={a_strides}, "
-              f"block_shape={a_block})", 2)
-            e(f"b_desc = tl.make_tensor_descriptor({pb} + {b_base}, shape={b_shape}, strides={b_strides}, "
-              f"block_shape={b_block})", 2)
-            e("for k0 in range(0, K, BLOCK_K):", 2)
-            e(f"a = {'tl.trans(' if a_trans else ''}a_desc.load({a_at}){')' if a_trans else ''}", 3)
-            e(f"b = {'tl.trans(' if b_trans else ''}b_desc.load({b_at}){')' if b_trans else ''}", 3)
-            e(f"acc = tl.dot(a, b, acc{precision})", 3)
-            e("else:")
-        e("for k0 in range(0, K, BLOCK_K):", inner)
-        e("if EVEN_K:", inner + 1)
-        e("a = tl.load(a_ptrs)", inner + 2)
-        e("b = tl.load(b_ptrs)", inner + 2)
-        e("else:", inner + 1)
-        e("a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)", inner + 2)
-        e("b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)", inner + 2)
-        e(f"acc = tl.dot(a, b, acc{precision})", inner + 1)
-        e(f"a_ptrs += BLOCK_K * {sak}", inner + 1)
-        e(f"b_ptrs += BLOCK_K * {sbk}", inner + 1)
-        if mm.dtype in ("float16", "bfloat16"):  # the product is a 16-bit value, as in the reference
-            e(f"acc_out = acc.to({TL_DTYPE[mm.dtype]}).to(tl.float32)")
-        else:
-            e("acc_out = acc")
-        dimvar = self._domain_vars(batch_vars)
-        for entry in self.group.entries:
-            self.value(entry, "mask", dimvar, 1)
-        for entry in self.group.stores:
-            self.store(entry, "mask", dimvar, 1)
-        source = HEADER + "\n".join(head + self.lines) + "\n"
-        return GeneratedGemm(self.name, source, self.kernel_inputs, self.outputs, geo, tma=tma is not None)
+        e("safe_m = ((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M)[:, None]", indent)
+        e("safe_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N)[None, :]", indent)
+        kk = "rk" if k_lo == "0" else f"({k_lo} + rk)"
+        e(f"a_ptrs = {pa} + {self.a_base} + safe_m * {sam} + {kk}[None, :] * {sak}", indent)
+        e(f"b_ptrs = {pb} + {self.b_base} + {kk}[:, None] * {sbk} + safe_n * {sbn}", indent)
+        e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", indent)
+        e(f"for k0 in range({k_lo}, {k_hi}, BLOCK_K):", indent)
+        e("if EVEN_K:", indent + 1)
+        e("a = tl.load(a_ptrs)", indent + 2)
+        e("b = tl.load(b_ptrs)", indent + 2)
+        e("else:", indent + 1)
+        e("a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0.0)", indent + 2)
+        e("b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0.0)", indent + 2)
+        e(f"acc = tl.dot(a, b, acc{self.precision})", indent + 1)
+        e(f"a_ptrs += BLOCK_K * {sak}", indent + 1)
+        e(f"b_ptrs += BLOCK_K * {sbk}", indent + 1)
 
-    def _batch_indices(self) -> list[str]:
-        """Scalar index per output batch dim, from program_id(1) (row-major over the batch)."""
+    def _epilogue(self, indent: int) -> None:
+        """The claimed pointwise expressions on the fp32 accumulator tile, then the only stores (each
+        value cast once, to its output's dtype)."""
+        mm = self.gemm.matmul
+        if mm.dtype in ("float16", "bfloat16"):  # the product is a 16-bit value, as in the reference
+            self.emit(f"acc_out = acc.to({TL_DTYPE[mm.dtype]}).to(tl.float32)", indent)
+        else:
+            self.emit("acc_out = acc", indent)
+        dimvar = self._domain_vars(self.batch_vars)
+        for entry in self.group.entries:
+            self.value(entry, "mask", dimvar, indent)
+        for entry in self.group.stores:
+            self.store(entry, "mask", dimvar, indent)
+
+    def _batch_setup(self, axis: int) -> None:
+        self.batch_vars = self._batch_indices(axis)
+        self.a_base = _batch_offset(self.batch_vars, self.geo.a_batch)
+        self.b_base = _batch_offset(self.batch_vars, self.geo.b_batch)
+
+    def _source(self, head: str) -> str:
+        return "\n".join([head, *self.lines]) + "\n"
+
+    # ---- kernels -------------------------------------------------------------------------------
+
+    def write_tiled(self) -> str:
+        """One output tile a program: grid (tiles, batch)."""
+        e = self.emit
+        self._grid_shape()
+        e("pid = tl.program_id(0)")
+        self._tile_of("pid", 1)
+        self._tile_index(1)
+        self._batch_setup(1)
+        e("rk = tl.arange(0, BLOCK_K)")
+        if self.tma is not None:  # TMA descriptors (Hopper): tiles land in shared memory, edges zero-filled
+            e("if USE_TMA:")
+            self._descriptors(2)
+            self._mainloop(2, tma=True)
+            e("else:")
+            self._mainloop(2, tma=False)
+        else:
+            self._mainloop(1, tma=False)
+        self._epilogue(1)
+        return self._source(self._head(self._pointers(), TILE_CONSTS))
+
+    def write_persistent(self) -> str:
+        """NUM_PROGRAMS programs a batch entry, each looping over tiles start, start + NUM_PROGRAMS,
+        ... in grouped order: no tail of short-lived programs, and the next tile's loads can overlap
+        this tile's epilogue (FLATTEN lets Triton pipeline across the tile loop). The epilogue's tile
+        indices come from a second counter (`tile_c`), as Triton's persistent tutorial does to keep
+        the pipeliner from carrying one value across both ends of the loop."""
+        e = self.emit
+        self._grid_shape()
+        e("start = tl.program_id(0)")
+        e("num_tiles = num_pid_m * num_pid_n")
+        self._batch_setup(1)
+        e("rk = tl.arange(0, BLOCK_K)")
+        paths = [True, False] if self.tma is not None else [False]
+        for tma in paths:
+            indent = 1
+            if len(paths) > 1:
+                e("if USE_TMA:" if tma else "else:")
+                indent = 2
+            if tma:
+                self._descriptors(indent)
+            e("tile_c = start - NUM_PROGRAMS", indent)
+            e("for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=FLATTEN, "
+              "warp_specialize=WARP_SPECIALIZE):", indent)
+            self._tile_of("tile", indent + 1)
+            self._mainloop(indent + 1, tma=tma)
+            e("tile_c += NUM_PROGRAMS", indent + 1)
+            self._tile_of("tile_c", indent + 1, suffix="_c")
+            self._tile_index(indent + 1, suffix="_c")
+            self._epilogue(indent + 1)
+        consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
+        return self._source(self._head(self._pointers(), consts))
+
+    def write_split_partial(self) -> str:
+        """Split-K, first kernel: grid (tiles, SPLITS, batch); program (t, s) multiplies the K chunk
+        [s * CHUNK_K, (s + 1) * CHUNK_K) of tile t and stores the fp32 partial to ws[s, batch, M, N]."""
+        e, geo = self.emit, self.geo
+        self._grid_shape()
+        e("pid = tl.program_id(0)")
+        e("pid_k = tl.program_id(1)")
+        self._tile_of("pid", 1)
+        self._tile_index(1)
+        self._batch_setup(2)
+        e("rk = tl.arange(0, BLOCK_K)")
+        e("k_lo = pid_k * CHUNK_K")
+        e("k_hi = min(k_lo + CHUNK_K, K)")
+        self._mainloop(1, tma=False, k_lo="k_lo", k_hi="k_hi")
+        e(f"ws_off = pid_k * {geo.m * geo.n * max(1, geo.batch_numel)}{self._ws_batch()} + offs_m * N + offs_n")
+        e("tl.store(ws + ws_off, acc, mask=mask)")
+        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K", "CHUNK_K"]
+        return self._source(self._head(self._pointers(outputs=False, workspace=True), consts))
+
+    def write_split_finish(self) -> str:
+        """Split-K, second kernel: grid (tiles, batch); sums the SPLITS partials of its tile in split
+        order (the same result every run), then the epilogue."""
+        e, geo = self.emit, self.geo
+        self._grid_shape()
+        e("pid = tl.program_id(0)")
+        self._tile_of("pid", 1)
+        self._tile_index(1)
+        self._batch_setup(1)
+        e(f"ws_off = offs_m * N + offs_n{self._ws_batch()}")
+        e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        e("for s in range(SPLITS):")
+        e(f"acc += tl.load(ws + s * {geo.m * geo.n * max(1, geo.batch_numel)} + ws_off, mask=mask, other=0.0)", 2)
+        self._epilogue(1)
+        return self._source(self._head(self._pointers(workspace=True), ["BLOCK_M", "BLOCK_N", "GROUP_M", "SPLITS"]))
+
+    def _ws_batch(self) -> str:
+        return f" + pid_b * {self.geo.m * self.geo.n}" if self.geo.batch else ""
+
+    def _batch_indices(self, axis: int) -> list[str]:
+        """Scalar index per output batch dim, from program_id(axis) (row-major over the batch)."""
         batch = self.geo.batch
         if not batch:
             return []
-        self.emit("pid_b = tl.program_id(1).to(tl.int64)")
+        self.emit(f"pid_b = tl.program_id({axis}).to(tl.int64)")
         names, inner = [], 1
         for d in range(len(batch) - 1, -1, -1):
             expr = "pid_b" if inner == 1 else f"(pid_b // {inner})"

@@ -1,0 +1,215 @@
+"""GEMM launch candidates as data: tile configs of the one-tile-per-program kernel ("tiled"), of
+the persistent kernel (one program per SM looping over tiles in grouped order) and of split-K
+(K divided over programs for skinny problems, partials reduced in a fixed order by a second
+kernel). The autotuner times what these functions keep, next to cuBLAS."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .configs import next_pow2
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Hopper-friendly tiles, best guess first.
+# 128x256x64 / 8 warps and 256x128x64 / 8 warps (two consumer warpgroups of 128 rows each on wgmma)
+# are the strong large-bf16 tiles on H100/H200; 128x128x64 with 4 stages the safe middle.
+GEMM_TILES = (
+    (128, 256, 64, 8, 8, 3),
+    (128, 128, 64, 8, 4, 4),
+    (256, 128, 64, 8, 8, 3),
+    (64, 256, 32, 8, 4, 4),
+    (128, 64, 64, 8, 4, 4),
+    (64, 64, 32, 8, 4, 4),
+)
+# persistent tiles: the large-GEMM tiles with the stage counts worth trying (4 stages of 128x256x64
+# bf16 = 192 KiB of operands: fits 227 KiB; the epilogue's tile goes through registers)
+PERSISTENT_TILES = (
+    (128, 256, 64, 8, 8, 3),
+    (128, 256, 64, 8, 8, 4),
+    (128, 128, 64, 8, 4, 4),
+    (256, 128, 64, 8, 8, 3),
+)
+# split-K tiles (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is M padded to >= 16
+SPLIT_K_TILES = ((64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 4, 3), (32, 256, 4, 4))
+
+SMS = 132                   # streaming multiprocessors of an H100/H200, when no GPU says otherwise
+SMEM_BYTES = 232448         # shared memory one program may use on Hopper (227 KiB)
+SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill the GPU (+ cuBLAS: 4)
+LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 2 TMA + cuBLAS: 6)
+LARGE_PROBLEM_TMA = 2
+PERSISTENT_CANDIDATES = 3   # persistent candidates of a problem with more than one wave of tiles
+SPLIT_K_MAX_M = 64          # split-K is a candidate for M <= this ...
+SPLIT_K_MIN_K = 512         # ... and K >= this (decode: M = batch, K = hidden)
+SPLIT_K_CANDIDATES = 3
+SPLIT_K_TARGET_WAVES = 2    # split until (tiles x splits) is about this many programs per SM
+
+
+@dataclass
+class GemmGeometry:
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a_strides: tuple[int, int]           # (along M, along K) of A'
+    b_strides: tuple[int, int]           # (along K, along N) of B'
+    a_batch: tuple[int, ...]             # per output batch dim: A's stride (0 where broadcast)
+    b_batch: tuple[int, ...]
+
+    @property
+    def batch_numel(self) -> int:
+        return math.prod(self.batch)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _fit_stages(bm: int, bn: int, bk: int, stages: int, itemsize: int) -> int | None:
+    """num_stages lowered until the operand pipeline fits shared memory; None if 2 do not fit."""
+    while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
+        stages -= 1
+    return None if stages * (bm + bn) * bk * itemsize > SMEM_BYTES else stages
+
+
+def gemm_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
+                 limit: bool = True) -> list[dict[str, Any]]:
+    """Tile candidates of the tiled kernel, best first by `tile_cost`, pruned to what is worth compiling.
+
+    Rules: tiles are clipped to the problem padded to a power of two (tl.dot needs every side >= 16)
+    and a clipped duplicate is dropped; num_stages is lowered until the operand pipeline fits in
+    shared memory (a config that cannot fit is dropped); candidates are ordered by `tile_cost`
+    (waves over `sms` x the work of one tile / its efficiency). With `limit`: a problem that 128x128
+    tiles do not spread over every SM keeps SMALL_PROBLEM_TRITON candidates, larger ones keep
+    LARGE_PROBLEM_TRITON; with `tma` the best LARGE_PROBLEM_TMA (small problems: 1) of those also
+    read through TMA descriptors (Hopper), within the same count for small problems."""
+    out = _clipped_tiles(geometry, GEMM_TILES, itemsize)
+    out.sort(key=lambda c: tile_cost(geometry, c, sms))  # stable: ties keep GEMM_TILES' order
+    if not limit:
+        return out + ([dict(c, USE_TMA=True) for c in out[:3]] if tma else [])
+    if small_problem(geometry, sms):
+        keep = out[:SMALL_PROBLEM_TRITON - 1 if tma and len(out) > 1 else SMALL_PROBLEM_TRITON]
+        return keep + ([dict(keep[0], USE_TMA=True)] if tma else [])
+    keep = out[:LARGE_PROBLEM_TRITON]
+    return keep + ([dict(c, USE_TMA=True) for c in keep[:LARGE_PROBLEM_TMA]] if tma else [])
+
+
+def _clipped_tiles(geometry: GemmGeometry, table: tuple[tuple[int, ...], ...], itemsize: int) -> list[dict[str, Any]]:
+    cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[int, int, int, int]] = set()
+    for bm, bn, bk, gm, warps, stages in table:
+        bm, bn, bk = min(bm, cap_m), min(bn, cap_n), min(bk, cap_k)
+        fitted = _fit_stages(bm, bn, bk, stages, itemsize)
+        if fitted is None or (bm, bn, bk, fitted) in seen:
+            continue
+        if table is GEMM_TILES and any(s[:3] == (bm, bn, bk) for s in seen):
+            continue
+        seen.add((bm, bn, bk, fitted))
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm,
+                    "num_warps": warps if bm * bn >= 128 * 128 else 4, "num_stages": fitted})
+    return out
+
+
+def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
+                       warp_specialize: bool = False) -> list[dict[str, Any]]:
+    """Persistent-kernel candidates (VARIANT "persistent"): only for problems with more tiles than
+    programs (one wave gains nothing from persistence). NUM_PROGRAMS = SMs shared over the batch.
+    With `tma` the candidates read through TMA descriptors (Hopper). `warp_specialize`: the loop is
+    warp-specialized (Triton 3.6 supports it on Blackwell only; never asked for on Hopper)."""
+    if small_problem(geometry, sms):
+        return []
+    out = []
+    for c in _clipped_tiles(geometry, PERSISTENT_TILES, itemsize):
+        programs = max(1, sms // max(1, geometry.batch_numel))
+        tiles = _cdiv(geometry.m, c["BLOCK_M"]) * _cdiv(geometry.n, c["BLOCK_N"])
+        if tiles <= programs:
+            continue
+        c.update(VARIANT="persistent", NUM_PROGRAMS=programs, FLATTEN=True, WARP_SPECIALIZE=warp_specialize)
+        if tma:
+            c["USE_TMA"] = True
+        out.append(c)
+    out.sort(key=lambda c: tile_cost(geometry, c, sms))
+    return out[:PERSISTENT_CANDIDATES]
+
+
+def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2) -> list[dict[str, Any]]:
+    """Split-K candidates (VARIANT "splitk") for skinny problems (M <= SPLIT_K_MAX_M, K >=
+    SPLIT_K_MIN_K): SPLITS chunks of K (each a multiple of BLOCK_K) so that tiles x splits is about
+    SPLIT_K_TARGET_WAVES programs per SM; fp32 partials reduced in split order (deterministic)."""
+    if geometry.m > SPLIT_K_MAX_M or geometry.k < SPLIT_K_MIN_K:
+        return []
+    bm = max(16, next_pow2(geometry.m))
+    out: list[dict[str, Any]] = []
+    for bn, bk, warps, stages in SPLIT_K_TILES:
+        bn = min(bn, max(16, next_pow2(geometry.n)))
+        fitted = _fit_stages(bm, bn, bk, stages, itemsize)
+        if fitted is None:
+            continue
+        tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn) * max(1, geometry.batch_numel)
+        k_blocks = _cdiv(geometry.k, bk)
+        splits = max(1, min(k_blocks, _cdiv(SPLIT_K_TARGET_WAVES * sms, tiles)))
+        chunk = _cdiv(k_blocks, splits) * bk
+        splits = _cdiv(geometry.k, chunk)
+        if splits < 2:
+            continue
+        c = {"VARIANT": "splitk", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLITS": splits,
+             "CHUNK_K": chunk, "num_warps": warps, "num_stages": fitted}
+        if c not in out:
+            out.append(c)
+    return out[:SPLIT_K_CANDIDATES]
+
+
+def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
+                    warp_specialize: bool = False) -> list[dict[str, Any]]:
+    """Every generated-kernel candidate of a GEMM: tiled, then persistent, then split-K."""
+    return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize)
+            + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize)
+            + split_k_configs(geometry, sms=sms, itemsize=itemsize))
+
+
+def small_problem(geometry: GemmGeometry, sms: int = SMS) -> bool:
+    """True when 128x128 output tiles would leave some SMs without work."""
+    return _cdiv(geometry.m, 128) * _cdiv(geometry.n, 128) * max(1, geometry.batch_numel) < sms
+
+
+def tile_cost(geometry: GemmGeometry, config: dict[str, Any], sms: int = SMS) -> float:
+    """Relative time of a config: programs per SM (rounded up: the last wave counts whole) x the
+    multiply-adds of one tile / the tile's efficiency. Efficiency grows with the tile's operand
+    reuse BM*BN/(BM+BN) (FLOPs per byte loaded) up to that of a 128x128 tile."""
+    bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn) * max(1, geometry.batch_numel)
+    efficiency = min(1.0, (bm * bn / (bm + bn)) / 64.0)
+    return _cdiv(tiles, sms) * bm * bn / efficiency
+
+
+def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tuple[
+        tuple[int, ...], dict[str, Any], int, int]:
+    """(grid, constexprs, num_warps, num_stages) of one config's main kernel. Split-K: the grid is
+    (tiles, SPLITS, batch) of the partial-product kernel (its finish kernel: `split_k_finish_grid`)."""
+    bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
+    tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
+    batch = max(1, geometry.batch_numel)
+    variant = config.get("VARIANT", "tiled")
+    consts: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
+                              "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
+    if variant == "persistent":
+        programs = min(int(config["NUM_PROGRAMS"]), tiles)
+        consts.update(NUM_PROGRAMS=programs, FLATTEN=bool(config.get("FLATTEN", True)),
+                      WARP_SPECIALIZE=bool(config.get("WARP_SPECIALIZE", False)))
+        grid: tuple[int, ...] = (programs, batch)
+    elif variant == "splitk":
+        consts.pop("USE_TMA")
+        consts.update(CHUNK_K=int(config["CHUNK_K"]))
+        grid = (tiles, int(config["SPLITS"]), batch)
+    else:
+        grid = (tiles, batch)
+    return grid, consts, int(config.get("num_warps", 4)), int(config.get("num_stages", 3))
+
+
+def split_k_finish_grid(geometry: GemmGeometry, config: dict[str, Any]) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """(grid, constexprs) of the split-K reduction + epilogue kernel."""
+    bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
+    return (tiles, max(1, geometry.batch_numel)), {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": int(config["GROUP_M"]),
+                                                    "SPLITS": int(config["SPLITS"])}

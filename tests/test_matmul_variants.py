@@ -1,0 +1,161 @@
+"""GEMM variants: the persistent kernel (one program per SM looping over tiles, pointer and TMA
+paths) and split-K for skinny problems (partials reduced in a fixed order by a second kernel, the
+epilogue after the reduction), under the interpreter against the reference; which candidates the
+autotuner is offered by shape; every variant keeps the group's cost (bytes, FLOPs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close
+from fusegraph.backends.matmul_kernel import GemmLaunch, matmul_group_cost
+from fusegraph.codegen.compile import load_triton_function
+from fusegraph.codegen.matmul import (
+    GemmGeometry,
+    gemm_candidates,
+    gemm_launch_parameters,
+    generate_gemm,
+    persistent_configs,
+    split_k_configs,
+)
+from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+
+
+def _mlp_graph(m: int, n: int, k: int, batch: tuple[int, ...] = (), dtype: str = "float16"):
+    g = fg.Graph(name=f"mlp_{m}_{n}_{k}_{len(batch)}", compute_dtype="float32")
+    x = g.tensor((*batch, m, k), dtype=dtype, name="x")
+    w = g.tensor((k, n), dtype=dtype, name="w")
+    b = g.tensor((n,), dtype=dtype, name="b")
+    y = g.gelu(g.add(g.matmul(x, w), b), approximate="tanh")
+    y.set_output()
+    td = getattr(torch, dtype)
+    feeds = {x: torch.randn(*batch, m, k, dtype=td), w: (torch.randn(k, n) / k ** 0.5).to(td),
+             b: torch.randn(n, dtype=td)}
+    return g, y, feeds
+
+
+def _group(g: fg.Graph) -> MatmulGroup:
+    plan = g.build(device="cpu")
+    (group,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(group, MatmulGroup)
+    return group
+
+
+def _launch(g: fg.Graph, feeds: dict, config: dict, name: str) -> torch.Tensor:
+    gen = generate_gemm(_group(g), name)
+    by_name = {h.name: t for h, t in feeds.items()}
+    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
+    (got,) = launch([by_name[n.name] for n in gen.inputs])
+    return got
+
+
+def _geometry(m: int, n: int, k: int, batch: tuple[int, ...] = ()) -> GemmGeometry:
+    return GemmGeometry(batch, m, n, k, (k, 1), (n, 1), tuple(m * k for _ in batch), tuple(0 for _ in batch))
+
+
+# ---- persistent ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_persistent_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) -> None:
+    g, y, feeds = _mlp_graph(40, 72, 48, batch=(2,), dtype=dtype)
+    # 3 x 5 tiles of 16x16 a batch entry over 4 programs: each loops over 3-4 tiles, edges in M and N
+    config = {"VARIANT": "persistent", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2,
+              "NUM_PROGRAMS": 4, "FLATTEN": True, "USE_TMA": tma, "num_warps": 4, "num_stages": 3}
+    got = _launch(g, feeds, config, f"persistent_{int(tma)}_{dtype}")
+    assert_close(got, fg.reference(g).execute(feeds)[y], what=f"persistent tma={tma} {dtype}")
+
+
+def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
+    g, _, _ = _mlp_graph(40, 72, 48)
+    gen = generate_gemm(_group(g), "persistent_source")
+    names, source = gen.variants["persistent"]
+    assert names == ("persistent_source_persistent",)
+    assert "tl.range(start, num_tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE)" in source
+    loops = source.split("for tile in tl.range")[1:]
+    assert len(loops) == 2                                              # TMA and pointer paths
+    for loop in loops:                                                  # gelu and the only store, per tile
+        assert "tl.dot" in loop and "tl.sigmoid" in loop and loop.count("tl.store(") == 1
+
+
+def test_persistent_launch_grid_is_capped_at_the_programs() -> None:
+    geo = _geometry(8192, 16384, 4096)
+    (config, *_) = persistent_configs(geo, tma=True, sms=132)
+    grid, consts, warps, _ = gemm_launch_parameters(geo, config)
+    assert warps == config["num_warps"]
+    assert grid == (132, 1) and consts["NUM_PROGRAMS"] == 132 and consts["USE_TMA"]
+    assert not consts["WARP_SPECIALIZE"]                          # Hopper: Triton 3.6 has no warp specialization
+
+
+# ---- split-K ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_split_k_decode_shapes_match_reference(m: int) -> None:
+    g, y, feeds = _mlp_graph(m, 48, 1024)
+    plan = g.build(device="cpu", gemm_variant="splitk")
+    (kernel,) = plan.kernels
+    assert kernel.config["VARIANT"] == "splitk" and kernel.config["SPLITS"] >= 2
+    assert kernel.ops == ["matmul", "add", "gelu"]
+    assert "_splitk_finish" in kernel.source and "for s in range(SPLITS)" in kernel.source
+    got = plan.execute(feeds)[y]
+    assert_close(got, fg.reference(g).execute(feeds)[y], what=f"split-K M={m}")
+    assert torch.equal(got, plan.execute(feeds)[y])               # fixed reduction order: the same bits
+
+
+def test_split_k_batched_with_uneven_k_matches_reference() -> None:
+    g, y, feeds = _mlp_graph(3, 40, 600, batch=(2,))              # K = 600: the last chunk is ragged
+    config = {"VARIANT": "splitk", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "SPLITS": 5,
+              "CHUNK_K": 128, "num_warps": 4, "num_stages": 3}
+    got = _launch(g, feeds, config, "splitk_batched")
+    assert_close(got, fg.reference(g).execute(feeds)[y], what="batched split-K")
+
+
+def test_split_k_splits_cover_k_in_whole_blocks() -> None:
+    for m, n, k in ((1, 4096, 4096), (8, 11008, 4096), (32, 14336, 4096), (16, 48, 1024)):
+        configs = split_k_configs(_geometry(m, n, k))
+        assert configs, (m, n, k)
+        for c in configs:
+            assert c["CHUNK_K"] % c["BLOCK_K"] == 0 and c["SPLITS"] >= 2
+            assert (c["SPLITS"] - 1) * c["CHUNK_K"] < k <= c["SPLITS"] * c["CHUNK_K"]
+            assert c["BLOCK_M"] == max(16, 1 << (m - 1).bit_length())
+
+
+# ---- candidates offered to the autotuner ----------------------------------------------------------
+
+def _variants(configs: list[dict]) -> list[str]:
+    return [c.get("VARIANT", "tiled") for c in configs]
+
+
+def test_candidates_by_shape() -> None:
+    big = gemm_candidates(_geometry(8192, 16384, 4096), tma=True)        # gelu_mlp's first GEMM
+    assert "persistent" in _variants(big) and "splitk" not in _variants(big)
+    persistent = [c for c in big if c.get("VARIANT") == "persistent"]
+    assert any((c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]) == (128, 256, 64, 8) for c in persistent)
+    assert all(c["USE_TMA"] for c in persistent)
+    decode = gemm_candidates(_geometry(1, 4096, 4096), tma=True)
+    assert "splitk" in _variants(decode) and "persistent" not in _variants(decode)
+    assert _variants(decode)[0] == "tiled"                               # the untimed default stays the tiled one
+    small = gemm_candidates(_geometry(256, 256, 256))                    # fits one wave, K short: neither
+    assert set(_variants(small)) == {"tiled"}
+    assert split_k_configs(_geometry(128, 4096, 4096)) == []             # M > 64: no split-K
+
+
+def test_tiled_candidates_keep_the_large_bf16_tiles() -> None:
+    tiles = {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
+             for c in gemm_candidates(_geometry(8192, 8192, 8192), tma=True)}
+    assert (128, 256, 64, 8, 3) in tiles and (128, 128, 64, 4, 4) in tiles and (256, 128, 64, 8, 3) in tiles
+
+
+def test_every_variant_reports_the_group_cost() -> None:
+    g, _, _ = _mlp_graph(4, 48, 1024)
+    for variant in ("tiled", "splitk"):
+        plan = g.build(device="cpu", gemm_variant=variant)
+        (kernel,) = plan.kernels
+        group = _group(g)
+        cost = matmul_group_cost(group)
+        assert (kernel.cost.bytes, kernel.cost.flops) == (cost.bytes, cost.flops)
+        assert kernel.cost.flops >= 2 * 4 * 48 * 1024
+        assert kernel.cost.bytes == (4 * 1024 + 1024 * 48 + 48 + 4 * 48) * 2
