@@ -5,6 +5,7 @@ in the last test on a GPU, and in bench/cuda_graph_gpu.py."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -382,14 +383,12 @@ def test_reduce_overhead_mode_forces_cuda_graphs() -> None:
     assert Session("reduce-overhead", {"cuda_graphs": False})._build_options()["cuda_graphs"] is False
 
 
-_CAPTURE_BUG = ("seen on the H200 2026-11-30: capturing this fp32 add/relu -> matmul -> softmax plan at its first "
-                "call fails ('Cannot copy between CPU and CUDA tensors during CUDA graph capture') and falls back "
-                "to kernel-by-kernel; the same plan captures when called twice first, and the bf16 demo block "
-                "captures. Cause not yet found")
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.xfail(reason=_CAPTURE_BUG, strict=False)
+# Under the Triton interpreter a kernel copies its CUDA arguments to the host, which no capture
+# allows: this test means the compiled kernels (run the GPU tests with TRITON_INTERPRET=0).
+@pytest.mark.skipif(not torch.cuda.is_available() or _INTERPRETING, reason="needs a GPU, compiled kernels")
 def test_real_capture_on_gpu() -> None:
     g = fg.Graph(name="gpu_three", compute_dtype="float32")
     x = g.tensor((64, 128), dtype="float32", name="x")

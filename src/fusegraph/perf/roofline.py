@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..ir.registry import MATMUL, get_op
 from .devices import DeviceSpec
 
@@ -45,6 +47,15 @@ def _node_cost_flops(node: Any) -> int:
     return int(opdef.cost([i.spec for i in node.inputs], list(node.specs), node.attrs).flops)
 
 
+def rate_key_of(dtype: str) -> str:
+    """The peak-rate key of a matmul on `dtype` operands: float32 runs on the tensor cores (TF32)
+    only when torch allows it (set_float32_matmul_precision 'high'/'medium'); at 'highest' our
+    GEMMs and cuBLAS use the CUDA cores, whose fp32 rate is the floor."""
+    if dtype == "float32" and torch.get_float32_matmul_precision() == "highest":
+        return "fp32"
+    return _RATE_OF_DTYPE.get(dtype, "bf16")
+
+
 def tensor_core_work(kernel: Any) -> tuple[int, str | None]:
     """(FLOPs of the kernel's matmul-like nodes, their rate key), from the op registry's MATMUL
     property and each node's cost; a matmul/conv/attention kernel whose nodes say nothing counts
@@ -55,12 +66,12 @@ def tensor_core_work(kernel: Any) -> tuple[int, str | None]:
             if not get_op(node.op).has(MATMUL):
                 continue
             flops += _node_cost_flops(node)
-            key = key or _RATE_OF_DTYPE.get(node.inputs[0].dtype, "bf16")
+            key = key or rate_key_of(node.inputs[0].dtype)
         except Exception:  # a node we cannot cost individually: the kernel's total stands
             continue
     if flops == 0 and kernel.kind in TENSOR_CORE_KINDS:
         dtype = next((n.dtype for n in kernel.inputs if not n.multi_output), "bfloat16")
-        return int(kernel.cost.flops), _RATE_OF_DTYPE.get(dtype, "bf16")
+        return int(kernel.cost.flops), rate_key_of(dtype)
     return min(flops, int(kernel.cost.flops)), key
 
 

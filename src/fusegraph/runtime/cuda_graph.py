@@ -44,6 +44,7 @@ captured tensors' storage alive.
 from __future__ import annotations
 
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -305,7 +306,7 @@ class GraphRunner:
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
             self.set_note(note)
             warnings.warn(f"fusegraph: plan {self.name}: CUDA-graph {note}", CudaGraphWarning, stacklevel=3)
-            log(f"plan {self.name}: CUDA graph {note}")
+            log(f"plan {self.name}: CUDA graph {note}\n{traceback.format_exc()}")
             return outs
         self.install(replay)
         in_place = f", {len(self.static_inputs)} static input(s) read in place" if self.static_inputs else ""
