@@ -1,0 +1,226 @@
+"""Our generated GEMM candidates of each kind vs cuBLAS, per shape, on the GPU (H200).
+
+For every case the graph is built and partitioned as fusegraph would, the GEMM's MatmulGroup (the
+matmul and its claimed epilogue) is generated, and the candidates the autotuner would be offered
+(backends/matmul_kernel._gemm_candidates: tiled, persistent, split-K) are compiled in parallel,
+checked against the cuBLAS candidate's result and timed, next to cuBLAS (torch.matmul + the
+epilogue as our generated pointwise kernel, exactly the library candidate) and a bare
+torch.matmul / addmm as the library floor. Prints TFLOP/s per candidate, the best of each kind and
+the winner; JSON in $OUT (else bench/results/).
+
+Cases: gelu_mlp's two GEMMs (bf16, x 8192x4096, W1 4096x16384 + b -> gelu; h 8192x16384 @ W2 + b),
+8192^3 bf16, decode shapes (M = 1, 8, 32; K = 4096; N = 4096, 11008, 14336; bf16, no epilogue),
+and the fp8 quantize epilogue (bf16 8192x4096 @ 4096x4096, then scale, saturate, cast to e4m3 and a
+per-tensor amax; the amax is fused when the pipeline claims it).
+
+    PYTHONPATH=src python bench/gemm_tune_gpu.py [--only mlp1,mlp2,square,decode,fp8] [--max-s 280]
+    TRITON_INTERPRET=1 PYTHONPATH=src python bench/gemm_tune_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fusegraph as fg
+from fusegraph.backends import cublas
+from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _LazyEpilogue, check_same, matmul_group_cost
+from fusegraph.codegen.compile import load_triton_function
+from fusegraph.codegen.matmul import generate_gemm
+from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+from fusegraph.tune import bench_ms
+from fusegraph.tune.precompile import compile_in_parallel
+
+Case = Callable[[fg.Graph, str], None]
+
+
+def mlp1(m: int, k: int, n: int) -> Case:
+    def build(g: fg.Graph, dt: str) -> None:
+        x, w = g.tensor((m, k), dtype=dt, name="x"), g.tensor((k, n), dtype=dt, name="w1")
+        b = g.tensor((n,), dtype=dt, name="b1")
+        g.gelu(g.add(g.matmul(x, w), b), approximate="tanh").set_output()
+    return build
+
+
+def linear_bias(m: int, k: int, n: int) -> Case:
+    def build(g: fg.Graph, dt: str) -> None:
+        x, w = g.tensor((m, k), dtype=dt, name="h"), g.tensor((k, n), dtype=dt, name="w2")
+        b = g.tensor((n,), dtype=dt, name="b2")
+        g.add(g.matmul(x, w), b).set_output()
+    return build
+
+
+def plain(m: int, k: int, n: int, weight_nk: bool = False) -> Case:
+    def build(g: fg.Graph, dt: str) -> None:
+        x = g.tensor((m, k), dtype=dt, name="x")
+        if weight_nk:  # nn.Linear's weight layout [N, K]
+            g.matmul(x, g.tensor((n, k), dtype=dt, name="w"), transpose_b=True).set_output()
+        else:
+            g.matmul(x, g.tensor((k, n), dtype=dt, name="w")).set_output()
+    return build
+
+
+def fp8_quantize(m: int, k: int, n: int, qdtype: str = "float8_e4m3fn") -> Case:
+    def build(g: fg.Graph, dt: str) -> None:
+        x, w = g.tensor((m, k), dtype=dt, name="x"), g.tensor((k, n), dtype=dt, name="w")
+        scale = g.tensor((), dtype="float32", name="scale")
+        y = g.matmul(x, w)
+        q, _ = g.quantize(y, qdtype, scale=scale)
+        q.set_output()
+        g.max(g.abs(y)).set_output()
+    return build
+
+
+def cases(smoke: bool) -> dict[str, list[tuple[str, Case, int]]]:
+    """group -> [(label, builder, FLOPs of the GEMM)]"""
+    if smoke:
+        return {"mlp1": [("mlp1", mlp1(64, 32, 96), 2 * 64 * 32 * 96)],
+                "decode": [("decode_m4", plain(4, 1024, 48, weight_nk=True), 2 * 4 * 1024 * 48)],
+                "fp8": [("quant_int8", fp8_quantize(32, 32, 48, "int8"), 2 * 32 * 32 * 48)]}
+    decode = [(f"decode_m{m}_n{n}", plain(m, 4096, n, weight_nk=True), 2 * m * 4096 * n)
+              for m in (1, 8, 32) for n in (4096, 11008, 14336)]
+    return {"mlp1": [("gelu_mlp_gemm1", mlp1(8192, 4096, 16384), 2 * 8192 * 4096 * 16384)],
+            "mlp2": [("gelu_mlp_gemm2", linear_bias(8192, 16384, 4096), 2 * 8192 * 16384 * 4096)],
+            "square": [("square_8192", plain(8192, 8192, 8192), 2 * 8192 ** 3)],
+            "decode": decode,
+            "fp8": [("fp8_quantize_epilogue", fp8_quantize(8192, 4096, 4096), 2 * 8192 * 4096 * 4096)]}
+
+
+def matmul_group(build: Case, dt: str, label: str) -> tuple[MatmulGroup, fg.Graph]:
+    g = fg.Graph(name=label, compute_dtype="float32")
+    build(g, dt)
+    plan = g.build(device="cpu")
+    groups = [i for i in claim_epilogues(partition_graph(plan.graph).items, plan.graph) if isinstance(i, MatmulGroup)]
+    return groups[0], plan.graph
+
+
+def inputs(group: MatmulGroup, device: str) -> list[torch.Tensor]:
+    out = []
+    for n in group.inputs:
+        dt = getattr(torch, n.dtype)
+        if n.shape == ():
+            out.append(torch.tensor(0.05, dtype=dt, device=device))
+        else:
+            k = n.shape[-2] if len(n.shape) >= 2 and n.name.startswith("w") else (n.shape[-1] if n.shape else 1)
+            out.append((torch.randn(n.shape, device=device) / max(1, k) ** 0.5).to(dt))
+    return out
+
+
+def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[str, Any]:
+    start = time.perf_counter()
+    group, _ = matmul_group(build, dt, label)
+    name = f"bench_{label}"
+    gen = generate_gemm(group, name)
+    configs = _gemm_candidates(gen, device, group)
+    fn = load_triton_function(gen.source, gen.name)
+    args = inputs(group, device)
+    epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", device, {})
+    library = cublas.cublas_launch(group, epilogue)
+    expected = library(args)
+    launches = []
+    for c in configs:
+        try:
+            launches.append((c, GemmLaunch(fn, gen, c, device)))
+        except Exception as err:
+            launches.append((c, err))
+    jobs = [j for _, ln in launches if isinstance(ln, GemmLaunch) for j in ln.warmup_jobs(args)]
+    compile_errors = [e for e in compile_in_parallel(jobs) if e]
+    rows: list[dict[str, Any]] = []
+    for c, ln in launches:
+        row: dict[str, Any] = {"variant": c.get("VARIANT", "tiled"), "config": c}
+        try:
+            if not isinstance(ln, GemmLaunch):
+                raise ln
+            check_same(ln(args), expected, f"{label} {c}")
+            ms = bench_ms(lambda ln=ln: ln(args))
+            row.update(ms=ms, tflops=flops / ms / 1e9)
+        except Exception as err:
+            row.update(error=f"{type(err).__name__}: {str(err)[:300]}")
+        rows.append(row)
+    ms = bench_ms(lambda: library(args))
+    rows.append({"variant": "cublas+epilogue", "config": {}, "ms": ms, "tflops": flops / ms / 1e9})
+    a, b = (args[[n.id for n in group.inputs].index(x.id)] for x in group.matmul.inputs)
+    mm = group.matmul
+    ms = bench_ms(lambda: cublas.torch_matmul(a, b, bool(mm.attrs.get("trans_a")), bool(mm.attrs.get("trans_b"))))
+    rows.append({"variant": "cublas_bare_matmul", "config": {}, "ms": ms, "tflops": flops / ms / 1e9})
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if "ms" in r and (r["variant"] not in best or r["ms"] < best[r["variant"]]["ms"]):
+            best[r["variant"]] = r
+    candidates = {k: v for k, v in best.items() if k != "cublas_bare_matmul"}
+    winner = min(candidates, key=lambda k: candidates[k]["ms"]) if candidates else None
+    cost = matmul_group_cost(group)
+    return {"case": label, "ops": [n.op for n in group.nodes], "flops": flops, "bytes": cost.bytes,
+            "rows": rows,
+            "best": {k: {"ms": v["ms"], "tflops": v["tflops"], "config": v["config"]} for k, v in best.items()},
+            "winner": winner, "compile_errors": compile_errors[:5], "seconds": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="mlp1,mlp2,square,decode,fp8")
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--max-s", type=float, default=280.0, help="skip remaining cases after this many seconds")
+    opts = parser.parse_args()
+    device = "cpu" if opts.cpu_smoke else "cuda"
+    dt = "float16" if opts.cpu_smoke else "bfloat16"
+    t0 = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    for group_name in opts.only.split(","):
+        for label, build, flops in cases(opts.cpu_smoke).get(group_name, []):
+            if time.perf_counter() - t0 > opts.max_s:
+                results.append({"case": label, "skipped": "time budget"})
+                continue
+            try:
+                res = run_case(label, build, flops, dt, device)
+            except Exception as err:
+                res = {"case": label, "error": f"{type(err).__name__}: {str(err)[:400]}"}
+            results.append(res)
+            _print(res)
+            sys.stdout.flush()
+    info = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "seconds": round(time.perf_counter() - t0, 1)}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"gemm_tune_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump({"info": info, "results": results}, f, indent=1, default=str)
+    print(f"total {info['seconds']} s; JSON: {path}")
+    return 0
+
+
+def _print(res: dict[str, Any]) -> None:
+    if "error" in res:
+        print(f"{res['case']}: ERROR {res['error']}")
+        return
+    print(f"\n{res['case']}  ops={'+'.join(res['ops'])}  ({res['seconds']:.1f} s)")
+    for r in res["rows"]:
+        c = r["config"]
+        tile = ""
+        if c:
+            tile = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}"
+            tile += f" w{c.get('num_warps')} s{c.get('num_stages')}"
+            tile += (" tma" if c.get("USE_TMA") else "") + (f" splits={c['SPLITS']}" if "SPLITS" in c else "")
+        perf = f"{r['tflops']:8.1f} TFLOP/s {r['ms'] * 1e3:9.1f} us" if "ms" in r else f"ERROR {r['error'][:120]}"
+        print(f"  {r['variant']:<20} {tile:<36} {perf}")
+    best = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in res["best"].items())
+    print(f"  best: {best}  -> winner {res['winner']}")
+    if res["compile_errors"]:
+        print(f"  compile errors: {res['compile_errors'][:2]}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
