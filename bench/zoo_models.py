@@ -15,6 +15,7 @@ exactly with eager. Libraries are imported lazily: `available(model)` says why o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -46,10 +47,8 @@ def ensure_torchvision_importable() -> None:
         pass
     lib = torch.library.Library("torchvision", "FRAGMENT")
     for op in ("nms", "qnms"):
-        try:
+        with contextlib.suppress(RuntimeError):  # already declared
             lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        except RuntimeError:  # already declared
-            pass
     _TORCHVISION_SHIM.append(lib)
 
 

@@ -147,7 +147,7 @@ def node_users_only_first(node: torch.fx.Node) -> bool:
 
 for _op, _m in [(aten.add, "add"), (aten.sub, "sub"), (aten.mul, "mul"), (aten.div, "div"),
                 (aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.pow, "pow")]:
-    translates(*[getattr(_op, o) for o in ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar")
+    translates(*[getattr(_op, o) for o in ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "default")
                  if hasattr(_op, o)])(_binary(_m))
 for _op, _m in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
                 (aten.ge, "ge"), (aten.logical_and, "logical_and"), (aten.logical_or, "logical_or")]:

@@ -360,3 +360,5 @@ def _adaptive_avg_pool_backward(cx: Ctx, grad: Any, x: Any) -> Any:
 def _native_group_norm(cx: Ctx, x: Any, weight: Any, bias: Any, n: int, c: int, hw: int, groups: int,
                        eps: float) -> Any:
     return (cx.g.group_norm(x, groups, weight, bias, eps), None, None)
+
+from . import torch_ops_more  # noqa: E402, F401  (pooling, indexing, as_strided: found by the model zoo)

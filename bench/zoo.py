@@ -1,0 +1,372 @@
+"""The model zoo benchmark (issue 5 step 6): every model of bench/zoo_models.py through eager PyTorch,
+torch.compile (Inductor, default mode) and fusegraph (torch.compile backend), inference.
+
+    python bench/zoo.py --list
+    python bench/zoo.py --part 1/4 --budget-s 540          # on the H200: one quarter of the zoo per call
+    python bench/zoo.py --only tv_resnet50 hf_gpt2 --dtypes bfloat16 --quick
+    python bench/zoo.py --train                             # GPT-2-124M and ResNet-50 training steps (zoo_train.py)
+    TRITON_INTERPRET=1 python bench/zoo.py --cpu-smoke      # tiny configs on CPU, float32, no Inductor
+    python bench/zoo.py --cpu-smoke --lowering reference    # the same through the reference lowering (faster)
+    python bench/zoo.py --minilm                            # the real-weight model on CPU (fp32, vs eager)
+
+Per model and dtype (GPU: float32 with TF32 off on both sides, and bfloat16):
+- correctness: float32 by relative norm error vs eager (<= 1e-4); bfloat16 against an fp32 reference of
+  the same weights and inputs, failing only beyond 2x eager-bf16's own error + 5e-3 (the rule and helpers
+  of bench/torch_backend_gpu.py, imported);
+- speed: device time = N back-to-back calls between two CUDA events, median of 5 (ms per call), and
+  per-call latency = events around one call, median of 20 (BENCHMARKS.md protocol);
+- compile time: cold = first call of a fresh compile in this process (empty Inductor/Triton caches only if
+  the machine is fresh); warm = the same model compiled again in-process after torch._dynamo.reset() (the
+  on-disk tuning cache and Triton's kernel cache are warm);
+- peak memory (inference, no_grad): max_memory_allocated over one call minus what was allocated before it
+  (weights and inputs), for eager, Inductor and fusegraph;
+- fallbacks: ops fusegraph left to torch (names, with why) and the count of eager ATen op instances.
+Results: JSON lines and a markdown table in $OUT (when set) and bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from torch_backend_gpu import LOW_TOL, TOL, kernel_summary, rel_err
+from zoo_models import MODELS, ZooModel, available
+
+import fusegraph as fg
+from fusegraph.frontends.torch_partition import FallbackWarning
+from fusegraph.settings import override
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def sync(dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_time_ms(fn: Callable[[], Any], calls: int, reps: int = 5) -> float:
+    """Median over `reps` of (time of `calls` back-to-back calls between two CUDA events) / calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def latency_ms(fn: Callable[[], Any], calls: int = 20) -> float:
+    """Median of events around one call each (what a user's loop sees, host overhead included)."""
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cpu_time_ms(fn: Callable[[], Any], calls: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_memory_mb(fn: Callable[[], Any]) -> float:
+    """Peak allocated during one call above what was allocated before it (MB)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak / 2**20
+
+
+def first_call_s(fn: Callable[[], Any], dev: str) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return time.perf_counter() - t0, out
+
+
+@contextlib.contextmanager
+def lowering(kind: str) -> Iterator[None]:
+    """'triton' (generated kernels; on CPU under TRITON_INTERPRET=1) or 'reference' (reference lowering)."""
+    if kind == "reference":
+        with override(use_triton=False):
+            yield
+    else:
+        yield
+
+
+def check(got: torch.Tensor, ref: torch.Tensor, ref32: torch.Tensor | None, dtype: torch.dtype) -> dict[str, Any]:
+    """float32: rel err vs eager <= TOL; low precision: vs the fp32 reference, within 2x eager's + LOW_TOL."""
+    row: dict[str, Any] = {"rel_err_vs_eager": rel_err(got.float(), ref.float())}
+    if ref32 is None:
+        row["ok"] = bool(row["rel_err_vs_eager"] <= TOL.get(dtype, 1e-4))
+        return row
+    ours, eager = rel_err(got.float(), ref32), rel_err(ref.float(), ref32)
+    row.update(err_vs_fp32_ours=ours, err_vs_fp32_eager=eager, ok=bool(ours <= 2 * eager + LOW_TOL))
+    return row
+
+
+def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    dev = "cpu" if args.cpu_smoke else "cuda"
+    size = "tiny" if args.cpu_smoke else "full"
+    batch = args.batch or (None if not args.quick else max(1, m.batch // 4))
+    row: dict[str, Any] = {"model": m.name, "family": m.family, "library": m.library,
+                           "dtype": str(dtype).replace("torch.", ""), "size": size}
+    model = m.build(size).to(dev).eval()
+    row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
+    ex = m.example(batch, torch.float32, dev, size)
+    row["batch"] = int(ex.inputs[0].shape[0])
+    ref32 = None
+    with torch.no_grad():
+        if dtype != torch.float32:
+            ref32 = model(*ex.inputs).float()
+            model = model.to(dtype)
+        inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in ex.inputs)
+
+        def eager() -> Any:
+            return model(*inputs)
+
+        ref = eager()
+        torch._dynamo.reset()
+        compiled = fg.compile(model)
+        with warnings.catch_warnings(record=True) as caught, lowering(args.lowering):
+            warnings.simplefilter("always", FallbackWarning)
+            row["fusegraph_compile_cold_s"], got = first_call_s(lambda: compiled(*inputs), dev)
+            row.update(check(got, ref, ref32, dtype))
+            report = compiled.fusegraph_report
+            row["fallback_ops"] = report.fallback_ops
+            row["eager_op_count"] = sum(sum(g.fallbacks.values()) for g in report.graphs)
+            row["kernels"] = {k: {"kernels": v["kernels"], "layout_only": v["layout_only"],
+                                  "partitions": v["partitions"], "eager_partitions": v["eager_partitions"]}
+                              for k, v in kernel_summary(report).items()}
+            row["fallback_warnings"] = [str(w.message)[:300] for w in caught
+                                        if issubclass(w.category, FallbackWarning)]
+
+            def ours() -> Any:
+                return compiled(*inputs)
+
+            if dev == "cpu":
+                row["eager_ms"] = cpu_time_ms(eager)
+                row["fusegraph_ms"] = cpu_time_ms(ours, 1)
+                return row
+            calls = 5 if args.quick else 20
+            row["eager_ms"] = device_time_ms(eager, calls)
+            row["eager_latency_ms"] = latency_ms(eager)
+            row["fusegraph_ms"] = device_time_ms(ours, calls)
+            row["fusegraph_latency_ms"] = latency_ms(ours)
+            row["eager_peak_mb"] = peak_memory_mb(eager)
+            row["fusegraph_peak_mb"] = peak_memory_mb(ours)
+            if not args.no_warm:
+                del compiled
+                torch._dynamo.reset()
+                again = fg.compile(model)
+                row["fusegraph_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
+                del again
+        if not args.no_inductor:
+            torch._dynamo.reset()
+            by_inductor = torch.compile(model)
+            row["inductor_compile_cold_s"], got_ind = first_call_s(lambda: by_inductor(*inputs), dev)
+            row["inductor_check"] = check(got_ind, ref, ref32, dtype)
+
+            def inductor() -> Any:
+                return by_inductor(*inputs)
+
+            row["inductor_ms"] = device_time_ms(inductor, calls)
+            row["inductor_latency_ms"] = latency_ms(inductor)
+            row["inductor_peak_mb"] = peak_memory_mb(inductor)
+            if not args.no_warm:
+                del by_inductor
+                torch._dynamo.reset()
+                again = torch.compile(model)
+                row["inductor_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
+                del again
+            row["speedup_vs_inductor"] = row["inductor_ms"] / row["fusegraph_ms"]
+        row["speedup_vs_eager"] = row["eager_ms"] / row["fusegraph_ms"]
+    torch._dynamo.reset()
+    return row
+
+
+def versions() -> dict[str, Any]:
+    import triton
+    info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), cudnn=torch.backends.cudnn.version())
+    for lib in ("torchvision", "timm", "transformers"):
+        with contextlib.suppress(Exception):
+            info[lib] = __import__(lib).__version__
+    return info
+
+
+def select(args: argparse.Namespace) -> list[ZooModel]:
+    models = [m for m in MODELS if not args.only or m.name in args.only]
+    unknown = sorted(set(args.only or ()) - {m.name for m in MODELS})
+    if unknown:
+        raise SystemExit(f"unknown model(s): {', '.join(unknown)}; see --list")
+    if args.part:
+        k, n = (int(v) for v in args.part.split("/"))
+        models = models[k - 1::n]
+    return models
+
+
+def fmt(v: Any, spec: str = ".3f") -> str:
+    return format(v, spec) if isinstance(v, int | float) else "-"
+
+
+def markdown(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [header, "", "| model | dtype | ok | err (vs eager; bf16: ours/eager vs fp32) | eager ms | inductor ms "
+             "| fusegraph ms | vs inductor | vs eager | compile cold s (ind/fg) | warm s (ind/fg) "
+             "| peak MB (eager/ind/fg) | eager ops | fallback ops |", "|" + "---|" * 14]
+    for r in rows:
+        if "error" in r or "skipped" in r:
+            why = r.get("error") or r.get("skipped")
+            lines.append(f"| {r['model']} | {r.get('dtype', '-')} | {'ERROR' if 'error' in r else 'skipped'} "
+                         f"| {str(why)[:120]} |" + " |" * 10)
+            continue
+        err = (f"{r['err_vs_fp32_ours']:.1e}/{r['err_vs_fp32_eager']:.1e}" if "err_vs_fp32_ours" in r
+               else f"{r['rel_err_vs_eager']:.1e}")
+        lines.append(
+            f"| {r['model']} | {r['dtype']} | {r['ok']} | {err} | {fmt(r.get('eager_ms'))} | "
+            f"{fmt(r.get('inductor_ms'))} | {fmt(r.get('fusegraph_ms'))} | "
+            f"{fmt(r.get('speedup_vs_inductor'), '.2f')} | "
+            f"{fmt(r.get('speedup_vs_eager'), '.2f')} | {fmt(r.get('inductor_compile_cold_s'), '.1f')}/"
+            f"{fmt(r.get('fusegraph_compile_cold_s'), '.1f')} | {fmt(r.get('inductor_compile_warm_s'), '.1f')}/"
+            f"{fmt(r.get('fusegraph_compile_warm_s'), '.1f')} | {fmt(r.get('eager_peak_mb'), '.0f')}/"
+            f"{fmt(r.get('inductor_peak_mb'), '.0f')}/{fmt(r.get('fusegraph_peak_mb'), '.0f')} | "
+            f"{r['eager_op_count']} | {', '.join(op.replace('aten.', '') for op in r['fallback_ops']) or '-'} |")
+    ratios = [r["speedup_vs_inductor"] for r in rows if r.get("speedup_vs_inductor")]
+    if ratios:
+        geo = statistics.geometric_mean(ratios)
+        lines.append(f"\ngeomean fusegraph speedup vs torch.compile over {len(ratios)} rows: {geo:.3f}")
+    failures = [f"{r['model']}/{r.get('dtype')}" for r in rows if not r.get("ok") and "skipped" not in r]
+    lines.append(f"correctness failures or errors: {', '.join(failures) or 'none'}")
+    return "\n".join(lines)
+
+
+def write(rows: list[dict[str, Any]], tag: str, header: str) -> None:
+    text = markdown(rows, header)
+    print("\n" + text)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for folder in filter(None, (os.environ.get("OUT"), RESULTS_DIR)):
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"zoo-{tag}-{stamp}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        with open(os.path.join(folder, f"zoo-{tag}-{stamp}.md"), "w") as f:
+            f.write(text + "\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--list", action="store_true", help="list the models and whether each can be built here")
+    p.add_argument("--only", nargs="*", default=None, help="model names (see --list)")
+    p.add_argument("--dtypes", nargs="*", default=None, help="default: float32 bfloat16 (GPU), float32 (CPU)")
+    p.add_argument("--quick", action="store_true", help="batch / 4 and fewer timed calls")
+    p.add_argument("--batch", type=int, default=None, help="override every model's batch")
+    p.add_argument("--part", default=None, help="k/n: run every n-th model starting at the k-th (1-based)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop before starting a model that would not finish within this many seconds")
+    p.add_argument("--no-inductor", action="store_true", help="skip torch.compile (Inductor)")
+    p.add_argument("--no-warm", action="store_true", help="skip the warm recompiles")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny configs on CPU, float32, no Inductor")
+    p.add_argument("--lowering", choices=("triton", "reference"), default="triton",
+                   help="CPU: generated kernels under TRITON_INTERPRET=1, or the reference lowering")
+    p.add_argument("--train", action="store_true", help="GPT-2-124M and ResNet-50 training steps (zoo_train.py)")
+    p.add_argument("--minilm", action="store_true", help="the real-weight model on CPU, fp32, vs eager")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for m in MODELS:
+            print(f"{m.name:30s} {m.family:9s} {m.library:22s} batch {m.batch:3d}  "
+                  f"{available(m) or 'ok'}  {m.note}")
+        return 0
+    if args.train:
+        from zoo_train import main as train_main
+        return train_main(args)
+    if args.minilm:
+        from zoo_minilm import main as minilm_main
+        return minilm_main()
+    if args.cpu_smoke:
+        args.no_inductor, args.no_warm = True, True
+    elif not torch.cuda.is_available():
+        raise SystemExit("no GPU: use --cpu-smoke (tiny configs on CPU)")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtypes = [getattr(torch, d) for d in (args.dtypes or (["float32"] if args.cpu_smoke else ["float32", "bfloat16"]))]
+    start, longest = time.perf_counter(), 0.0
+    rows: list[dict[str, Any]] = []
+    todo = [(m, d) for m in select(args) for d in dtypes]
+    for i, (m, dtype) in enumerate(todo):
+        base = {"model": m.name, "dtype": str(dtype).replace("torch.", "")}
+        elapsed = time.perf_counter() - start
+        if args.budget_s and elapsed + 1.2 * longest > args.budget_s:
+            left = [f"{n.name}/{str(d).replace('torch.', '')}" for n, d in todo[i:]]
+            print(f"budget: stopping after {elapsed:.0f} s (longest model {longest:.0f} s); not run: {', '.join(left)}")
+            rows.extend({"model": n.name, "dtype": str(d).replace("torch.", ""), "skipped": "time budget"}
+                        for n, d in todo[i:])
+            break
+        missing = available(m)
+        if missing:
+            rows.append({**base, "skipped": missing})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        if m.real_weights and not args.cpu_smoke:
+            rows.append({**base, "skipped": "real-weight model: checked on CPU (bench/zoo.py --minilm)"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            row = run_model(m, dtype, args)
+        except Exception as err:  # the backend must never raise; a raise here is a bug to report
+            row = {**base, "ok": False, "error": f"{type(err).__name__}: {err}"[:600],
+                   "traceback": traceback.format_exc()[-2000:]}
+            torch._dynamo.reset()
+        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        longest = max(longest, row["wall_s"])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if not args.cpu_smoke:
+            torch.cuda.empty_cache()
+    info = versions()
+    tag = "cpu-smoke" if args.cpu_smoke else ("gpu" + (f"-part{args.part.replace('/', 'of')}" if args.part else ""))
+    header = (f"## zoo {tag}: {' '.join(sys.argv[1:])}\n\n" + ", ".join(f"{k} {v}" for k, v in info.items()) +
+              ("; lowering " + args.lowering if args.cpu_smoke else "; TF32 off; warm compile = in-process recompile "
+               "after torch._dynamo.reset()"))
+    write(rows, tag, header)
+    return 0 if all(r.get("ok") or "skipped" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
