@@ -53,6 +53,10 @@ LAYOUT = [
            lambda i, w: w[i.long()]),
     OpCase("index_select", [make(5, 3, 2), const(_SELECT_INDEX)], lambda g, x, i: g.index_select(x, 0, i),
            lambda x, i: x[i], WITH_INT),
+    OpCase("to_layout_nhwc", [make(2, 3, 4, 5)], lambda g, x: g.to_layout(x, "NHWC"),
+           lambda x: x.contiguous(memory_format=torch.channels_last), WITH_INT),
+    OpCase("to_layout_contiguous", [make(2, 3, 4, transpose=(0, 2))], lambda g, x: g.to_layout(x, "contiguous"),
+           lambda x: x.contiguous()),
     OpCase("index_select_dim_noncontig", [make(3, 7, transpose=(0, 1)), const(torch.tensor([6, 6, 0]))],
            lambda g, x, i: g.index_select(x, -1, i), lambda x, i: x[:, i]),
 ]

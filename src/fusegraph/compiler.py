@@ -17,6 +17,7 @@ from .ir.verify import verify
 from .lower import lower_fused, lower_reference
 from .passes import optimize
 from .passes.decompose import decompose_keeping
+from .passes.layout import layout_pass
 from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
@@ -39,7 +40,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     automatically when launch-bound; runtime/cuda_graph.py), graph_outputs ("copy": fresh outputs each
     call, the default; "alias": the captured output buffers, valid until the next call), static_inputs
     (positions of inputs a CUDA graph reads in place instead of copying: weights that stay the same
-    tensor from call to call; Graph.build also takes handles).
+    tensor from call to call; Graph.build also takes handles), conv_layout ("auto": NHWC around
+    tensor-core convolutions, "NHWC", "NCHW"; passes/layout.py), allow_tf32 (fp32 convolutions may
+    use TF32 tensor cores, which also makes them candidates for NHWC).
     """
     device = default_device(device)
     check_graph_outputs(options.get("graph_outputs", "copy"))
@@ -51,6 +54,8 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     optimized = optimize(graph)
     # decompose runs as a Pass: recorded in provenance and verified like the others
     primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
+    # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
+    primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
     if options.get("fuse", True):
         kernels = lower_fused(primitive, device, options)
     else:

@@ -27,7 +27,7 @@ from ..ir.registry import get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
-from . import cudnn
+from . import cudnn, cudnn_frontend
 
 log = logging.getLogger("fusegraph.backends")
 
@@ -68,6 +68,9 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     if device.startswith("cuda") and torch_ok:
         for backend in cudnn.SDPA_BACKENDS:
             candidates[f"torch:{backend}"] = (_torch_backward if backward else _torch_forward)(node, problem, backend)
+        frontend = cudnn_frontend.sdpa_candidate(node, problem, device, name)  # None when not offered
+        if frontend is not None:
+            candidates["frontend:cudnn"] = frontend
     runnable = device.startswith("cuda") or (interpreting() and settings.use_triton)
     if not candidates or not runnable:
         kernel.note = why or "planned as Triton attention; runs through the reference on this device"
@@ -91,6 +94,8 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     else:
         kernel.backend = "cudnn" if chosen.endswith("cudnn") else "torch"
         kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {chosen.split(':')[1]} backend"
+        if chosen.startswith("frontend:"):
+            kernel.source = "# cuDNN frontend SDPA graph (Graph API), built at build time"
         if why is not None:
             kernel.note = f"no Triton kernel: {why}"
     return kernel

@@ -18,7 +18,7 @@ from ..ir.registry import Cost, get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
-from . import cudnn
+from . import cudnn, cudnn_frontend
 
 
 def conv_group_cost(group: ConvGroup) -> Cost:
@@ -82,23 +82,58 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
     kernel = Kernel(name=name, kind="convolution", backend="cudnn" if device.startswith("cuda") else "reference",
                     nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
                     cost=conv_group_cost(group), launch=launch, source=source, note=note)
-    fused = cudnn_fused_relu(group, device)
-    kernel.tuning = {"source": "default", "seconds": 0.0, "candidates": 1 if fused is None else 2}
-    if fused is not None and _fused_wins(kernel, group, launch, fused, device):
-        kernel.launch = fused
-        kernel.source = f"# torch.cudnn_convolution_relu: {node.op} + bias + relu in one cuDNN call, {layout}"
-        kernel.note = "cuDNN fused conv+bias+relu was faster"
-        kernel.config = {"candidate": "cudnn_convolution_relu"}
+    library = library_candidates(group, device, name)
+    kernel.tuning = {"source": "default", "seconds": 0.0, "candidates": 1 + len(library)}
+    chosen = _choose(kernel, group, launch, library, device) if library else None
+    if chosen is not None:
+        kernel.launch = library[chosen]
+        kernel.config = {"candidate": chosen}
+        kernel.note = f"{chosen} was faster than the convolution + our epilogue"
+        kernel.source = LIBRARY_SOURCES[chosen].format(op=node.op, layout=layout,
+                                                       act=cudnn_frontend.conv_activation(group.epilogue_nodes))
     kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
     return kernel
+
+
+LIBRARY_SOURCES = {
+    "cudnn_convolution_relu": "# torch.cudnn_convolution_relu: {op} + bias + relu in one cuDNN call, {layout}",
+    "cudnn_frontend": "# cuDNN frontend graph (Graph API): {op} + bias + {act} in one fused plan, NHWC",
+}
+
+
+def library_candidates(group: ConvGroup, device: str, name: str) -> dict[str, Any]:
+    """Library implementations of the whole group (conv + epilogue) that apply here, by name: torch's
+    fused cuDNN conv+bias+relu, and a cuDNN frontend graph (conv + bias + activation). Empty off the GPU."""
+    out: dict[str, Any] = {}
+    fused = cudnn_fused_relu(group, device)
+    if fused is not None:
+        out["cudnn_convolution_relu"] = fused
+    node = group.compute
+    sole_store = len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id
+    if device.startswith("cuda") and sole_store and len(group.epilogue.inputs) == 1:
+        frontend = cudnn_frontend.conv_candidate(node, group.epilogue_nodes, group.outputs[0].spec.memory_strides,
+                                                 device, name)
+        if frontend is not None:
+            positions = {n.id: k for k, n in enumerate(group.inputs)}
+            conv_args = [positions[i.id] for i in node.inputs]
+            out["cudnn_frontend"] = lambda args, fe=frontend: fe([args[k] for k in conv_args])
+    elif device.startswith("cuda"):
+        cudnn_frontend.debug(name, "the epilogue reads more than the convolution's result or stores twice")
+    return out
+
+
+def epilogue_ops(group: ConvGroup) -> list[str]:
+    """The epilogue's ops, less a final layout conversion (the library call's result is copied into
+    the output's layout anyway)."""
+    ops = [n.op for n in group.epilogue_nodes]
+    return ops[:-1] if ops and ops[-1] == "to_layout" else ops
 
 
 def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
     """conv2d (+ bias) + relu as one cuDNN call (torch.cudnn_convolution_relu), when the epilogue
     is exactly a relu of the convolution; else None."""
     node = group.compute
-    epilogue = group.epilogue_nodes
-    if not device.startswith("cuda") or node.op != "conv2d" or [n.op for n in epilogue] != ["relu"] \
+    if not device.startswith("cuda") or node.op != "conv2d" or epilogue_ops(group) != ["relu"] \
             or not hasattr(torch, "cudnn_convolution_relu") or len(group.outputs) != 1:
         return None
     stride, padding, dilation, groups = get_op(node.op).extra["params"](node.attrs)
@@ -120,31 +155,37 @@ def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
     return launch
 
 
-def _fused_wins(kernel: Kernel, group: ConvGroup, plain: Any, fused: Any, device: str) -> bool:
-    """Autotune the fused cuDNN call against conv + our epilogue; the fused one must also agree.
-    (Both are library calls: nothing to compile, so no launch-bound shortcut.) Recorded in kernel.tuning."""
+def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any], device: str) -> str | None:
+    """Autotune the library candidates against conv + our epilogue; each must first agree with it
+    (one that fails or differs is dropped, with the reason under FUSEGRAPH_DEBUG). Both kinds are
+    library calls: nothing to compile, so no launch-bound shortcut. The winner's name, or None for
+    conv + epilogue. Recorded in kernel.tuning."""
     from ..lower import _example_inputs
     from ..tune import Config, bench_ms, tune
     from ..tune.autotuner import summary
     from .matmul_kernel import check_same
 
     name = kernel.name
-
     args = _example_inputs(group.inputs, device)
-    try:
-        check_same(fused(args), plain(args), f"{name} cudnn_convolution_relu")
-    except Exception as err:  # not supported for this dtype/layout, or different results
-        if settings.debug >= 1:
-            print(f"[fusegraph] {name}: cudnn_convolution_relu not used: {type(err).__name__}: {str(err)[:200]}")
-        return False
-    launches = {"conv+epilogue": plain, "cudnn_convolution_relu": fused}
+    launches = {"conv+epilogue": plain}
+    for label, fn in library.items():
+        try:
+            check_same(fn(args), plain(args), f"{name} {label}")
+        except Exception as err:  # not supported for this dtype/layout, or different results
+            if settings.debug >= 1:
+                print(f"[fusegraph] {name}: {label} not used: {type(err).__name__}: {str(err)[:200]}")
+            continue
+        launches[label] = fn
+    if len(launches) == 1:
+        return None
 
     def bench(config: Config) -> float:
         launch = launches[str(config["candidate"])]
         return bench_ms(lambda: launch(args))
 
     key = {"conv": repr(group.compute.attrs), "shapes": [str(n.spec) for n in group.inputs],
-           "torch": torch.__version__}
+           "epilogue": [n.op for n in group.epilogue_nodes], "torch": torch.__version__}
     result = tune(name, key, [Config(candidate=c) for c in launches], bench)
     kernel.tuning = summary(result, len(launches))
-    return bool(result.config["candidate"] == "cudnn_convolution_relu")
+    chosen = str(result.config["candidate"])
+    return None if chosen == "conv+epilogue" else chosen

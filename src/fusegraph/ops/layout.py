@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from ..errors import DTypeError, ShapeError
 from ..ir import dtypes
 from ..ir.node import Attrs
-from ..ir.registry import LAYOUT_TRANSPARENT, NO_UPCAST, VIEW, Cost, define
-from ..ir.spec import TensorSpec, contiguous_strides
+from ..ir.registry import LAYOUT_TRANSPARENT, NO_UPCAST, POINTWISE, VIEW, Cost, define
+from ..ir.spec import LAYOUTS, TensorSpec, contiguous_strides
 from . import _rules as R
 
 
@@ -329,6 +329,32 @@ define("index_select", _index_select_infer, lambda xs, a: torch.index_select(xs[
        doc="torch.index_select(x, dim, index) with a 1-D integer index.")
 
 
+# ---- to_layout: the same values in another memory layout (one copy; the layout pass's boundary) ----
+
+def _to_layout_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec:
+    x, layout = specs[0], a["layout"]
+    if layout == "contiguous":
+        return x.with_(layout=None, strides=None)
+    if layout not in LAYOUTS or len(LAYOUTS[layout]) != x.rank:
+        known = ", ".join(f"{k} (rank {len(v)})" for k, v in LAYOUTS.items())
+        raise ShapeError(f"to_layout: layout {layout!r} does not fit shape {x.shape}; use 'contiguous' or one "
+                         f"of {known}")
+    return x.with_(layout=layout, strides=None)
+
+
+def _to_layout_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
+    if a["layout"] == "contiguous":
+        return xs[0].contiguous()
+    fmt = torch.channels_last if xs[0].dim() == 4 else torch.channels_last_3d
+    return xs[0].contiguous(memory_format=fmt)
+
+
+define("to_layout", _to_layout_infer, _to_layout_ref, props={POINTWISE, NO_UPCAST}, cost_fn=_moved,
+       triton=lambda v, a: v[0], extra={"layout_conversion": True},
+       doc="The same values laid out as attrs['layout'] ('NHWC', 'NDHWC' or 'contiguous' = row-major): one "
+           "copy. The layout pass puts one at each graph boundary of a channels-last region.")
+
+
 def _shape_arg(shape: Any) -> tuple[int, ...]:
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], list | tuple) else tuple(shape)
 
@@ -372,6 +398,10 @@ class LayoutMethods:
             from ..errors import UnsupportedError
             raise UnsupportedError(f"pad: mode {mode!r} is not supported; only 'constant'")
         return self._apply("pad", input, pad=tuple(pad), value=float(value), name=name)
+
+    def to_layout(self, x: Any, layout: str, name: str | None = None) -> Any:
+        """x copied into memory layout `layout` ('NHWC', 'NDHWC' or 'contiguous'); values unchanged."""
+        return self._apply("to_layout", x, layout=layout, name=name)
 
     def gather(self, input: Any, dim: int, index: Any, name: str | None = None) -> Any:
         return self._apply("gather", input, index, dim=dim, name=name)

@@ -1,4 +1,4 @@
-"""Layout passes for convolution chains.
+"""Layout passes for convolution chains: batchnorm folding, and the choice of channels-last.
 
 `fold_batchnorm`: inference batchnorm after a convolution whose weights and batchnorm parameters
 are known at build time (constants) becomes part of the convolution: w' = w * s and
@@ -7,19 +7,32 @@ here in fp32 and rounded to the weight dtype. The batchnorm then costs nothing a
 parameters that are graph inputs the batchnorm stays and becomes the convolution kernel's
 epilogue (fusion/epilogue.py), which reads the four per-channel vectors once per tile.
 
-Layout: a convolution's output keeps its input's layout (ops/conv.py), and the epilogue kernel
-reads and writes in that layout, so an NHWC input gives an NHWC chain with no transposes; the
-cuDNN call takes channels-last operands (backends/cudnn.py).
+`choose_layout` (the `layout` pass, run by build() on the decomposed graph just before fusion):
+tensor-core convolutions (fp16/bf16; fp32 when build(allow_tf32=True)) want channels-last (NHWC)
+operands; on NCHW tensors cuDNN transposes the activation in and the result out around every
+call. The pass finds each region of 4-D values that share one memory layout with such a
+convolution (its activation input and output, pointwise ops on them with the same shape, which
+covers decomposed batchnorm affines, activations and residual adds) and re-lays the whole region
+out as NHWC: a spec change only, since every generated kernel indexes through the specs' strides.
+At the region's edge the user's layout is kept: one `to_layout` copy per graph input (none when a
+single convolution is its only reader: the convolution call converts it), one per graph output
+back to row-major (fused into the last epilogue's store), constant weights re-laid out at build
+time. The choice is made when the boundary copies move no more bytes than the transposes NCHW
+would cost (build(conv_layout="NHWC"|"NCHW") forces either way); FUSEGRAPH_DEBUG=1 prints it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
+from ..ir.registry import POINTWISE, SOURCE, VIEW, get_op
 from ..ir.spec import TensorSpec
-from .base import graph_pass
+from ..settings import settings
+from .base import Pass, graph_pass
 
 
 def _known(node: Node) -> torch.Tensor | None:
@@ -89,3 +102,232 @@ def fold_batchnorm(graph: Graph) -> Graph:
         moved = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         mapping[node.id] = node.replace(inputs=inputs) if moved else node
     return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs)) if changed else graph
+
+
+# ---- the channels-last choice ----
+
+TENSOR_CORE_DTYPES = ("float16", "bfloat16")
+# Which operands of each convolution op are activations (laid out NCHW/NHWC) and whether its
+# result is one; the rest are weights (KCRS, channels-last = KRSC) or weight gradients.
+CONV_ACTIVATIONS: dict[str, tuple[tuple[int, ...], bool]] = {
+    "conv2d": ((0,), True), "conv2d_backward_input": ((0,), True), "conv2d_backward_weight": ((0, 1), False)}
+CONV_WEIGHT_OPERAND = {"conv2d": 1, "conv2d_backward_input": 1}
+
+
+@dataclass
+class LayoutDecision:
+    """What the layout pass decided for one region (printed with FUSEGRAPH_DEBUG and kept on the pass)."""
+
+    layout: str                                   # "NHWC" or "NCHW"
+    convs: list[str]
+    nodes: int                                    # values in the region
+    entry_copies: list[str] = field(default_factory=list)
+    converted_in_conv: list[str] = field(default_factory=list)
+    exit_copies: list[str] = field(default_factory=list)
+    boundary_bytes: int = 0                       # what the NHWC choice moves at the edges
+    nchw_bytes: int = 0                           # the transposes NCHW tensor-core convolutions cost
+    reason: str = ""
+
+    def __str__(self) -> str:
+        head = (f"layout: {self.layout} for {len(self.convs)} conv(s) ({', '.join(self.convs)}), region of "
+                f"{self.nodes} values; {self.reason}")
+        if self.layout != "NHWC":
+            return head
+        return (f"{head}; copies in: {', '.join(self.entry_copies) or 'none'}; converted inside the conv "
+                f"call: {', '.join(self.converted_in_conv) or 'none'}; copies out: "
+                f"{', '.join(self.exit_copies) or 'none'}")
+
+
+class _Regions:
+    """Union-find over node ids: values that must share one memory layout."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, a: int) -> int:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _is_conversion(node: Node) -> bool:
+    return bool(get_op(node.op).extra.get("layout_conversion"))
+
+
+def _activation(node: Node) -> bool:
+    return not node.multi_output and node.spec.rank == 4
+
+
+def tensor_core_conv(node: Node, allow_tf32: bool) -> bool:
+    """A convolution whose cuDNN kernel runs on tensor cores, reading an NCHW (row-major) activation."""
+    if node.op not in CONV_ACTIVATIONS or node.multi_output:
+        return False
+    x = node.inputs[CONV_ACTIVATIONS[node.op][0][0]]
+    row_major = x.spec.layout is None and x.spec.strides is None
+    dtype_ok = node.dtype in TENSOR_CORE_DTYPES or (node.dtype == "float32" and allow_tf32)
+    return row_major and dtype_ok
+
+
+def layout_regions(graph: Graph) -> _Regions:
+    """Join each convolution with its activations and each same-shape pointwise op with its
+    same-shape operands (bias/batchnorm/activation/residual chains); conversions split regions."""
+    regions = _Regions()
+    for node in graph.nodes:
+        if node.multi_output or _is_conversion(node):
+            continue
+        if node.op in CONV_ACTIVATIONS:
+            positions, out_is_activation = CONV_ACTIVATIONS[node.op]
+            acts = [node.inputs[k] for k in positions if _activation(node.inputs[k])]
+            for a in acts[1:]:
+                regions.union(acts[0].id, a.id)
+            if out_is_activation and acts:
+                regions.union(node.id, acts[0].id)
+        elif get_op(node.op).has(POINTWISE) and _activation(node):
+            for i in node.inputs:
+                if i.shape == node.shape and _activation(i) and not _is_conversion(i):
+                    regions.union(node.id, i.id)
+    return regions
+
+
+def _nhwc(node: Node) -> Node:
+    if node.op == "constant":
+        value = node.attrs["value"].contiguous(memory_format=torch.channels_last)
+        return node.replace(attrs=node.attrs.replace(value=value),
+                            specs=(node.spec.with_(layout="NHWC", strides=None),))
+    return node.replace(specs=(node.spec.with_(layout="NHWC", strides=None),))
+
+
+def _conversion(node: Node, layout: str, suffix: str) -> Node:
+    spec = node.spec.with_(layout=None if layout == "contiguous" else layout, strides=None)
+    return Node(op="to_layout", inputs=(node,), attrs=Attrs(layout=layout), specs=(spec,),
+                name=f"{node.name}.{suffix}", source=node.source)
+
+
+def _view_folds_nhwc(view: Node, value: Node) -> bool:
+    """Whether a view op reads an NHWC `value` as a strided view (no copy)."""
+    fold = get_op(view.op).extra.get("fold")
+    if fold is None:
+        return False
+    strides = value.spec.with_(layout="NHWC", strides=None).memory_strides
+    return fold(value.spec, view.attrs, strides, 0) is not None
+
+
+def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False) -> tuple[Graph, list[LayoutDecision]]:
+    """The graph with tensor-core convolution regions in NHWC (see the module doc), and the decisions."""
+    if mode == "NCHW":
+        return graph, []
+    convs = [n for n in graph.nodes if tensor_core_conv(n, allow_tf32 or mode == "NHWC")]
+    if not convs:
+        return graph, []
+    regions = layout_regions(graph)
+    users = graph.users()
+    outputs = {n.id for n in graph.outputs}
+    members: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        if _activation(node) and not _is_conversion(node) and node.id in regions.parent:
+            members.setdefault(regions.find(node.id), []).append(node)
+    chosen: set[int] = set()                      # ids of values to lay out as NHWC
+    decisions: list[LayoutDecision] = []
+    def root_of(conv: Node) -> int:
+        return regions.find(conv.inputs[CONV_ACTIVATIONS[conv.op][0][0]].id)
+
+    for root in dict.fromkeys(root_of(c) for c in convs):
+        decision = _decide(members[root], [c for c in convs if root_of(c) == root], users, outputs, mode)
+        decisions.append(decision)
+        if decision.layout == "NHWC":
+            chosen |= {n.id for n in members[root]}
+    for d in decisions:
+        if settings.debug >= 1:
+            print(f"[fusegraph] {graph.name}: {d}")
+    if not chosen:
+        return graph, decisions
+    return _relayout(graph, chosen, users, outputs), decisions
+
+
+def _single_conv_reader(node: Node, users: dict[int, list[Node]]) -> bool:
+    readers = users.get(node.id, [])
+    return (len(readers) == 1 and readers[0].op in CONV_ACTIVATIONS
+            and readers[0].inputs.count(node) == 1
+            and readers[0].inputs.index(node) in CONV_ACTIVATIONS[readers[0].op][0])
+
+
+def _decide(region: list[Node], convs: list[Node], users: dict[int, list[Node]], outputs: set[int],
+            mode: str) -> LayoutDecision:
+    entries = [n for n in region if get_op(n.op).has(SOURCE) and n.op != "constant"]
+    exits = [n for n in region if n.id in outputs]
+    boundary = sum(2 * n.spec.nbytes for n in entries + exits)
+    nchw = 0
+    for c in convs:
+        positions, out_is_activation = CONV_ACTIVATIONS[c.op]
+        nchw += sum(2 * c.inputs[k].spec.nbytes for k in positions) + (2 * c.spec.nbytes if out_is_activation else 0)
+    decision = LayoutDecision("NCHW", [c.name for c in convs], len(region), boundary_bytes=boundary, nchw_bytes=nchw)
+    if mode == "NHWC" or boundary <= nchw:
+        decision.layout = "NHWC"
+        decision.reason = ("forced by build(conv_layout='NHWC')" if mode == "NHWC" else
+                           f"boundary copies move {boundary} B <= {nchw} B of NCHW<->NHWC transposes around "
+                           "the convolutions")
+        decision.entry_copies = [n.name for n in entries if not _single_conv_reader(n, users)]
+        decision.converted_in_conv = [n.name for n in entries if _single_conv_reader(n, users)]
+        decision.exit_copies = [n.name for n in exits]
+    else:
+        decision.reason = f"boundary copies would move {boundary} B > {nchw} B of transposes kept in NCHW"
+    return decision
+
+
+def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outputs: set[int]) -> Graph:
+    mapping: dict[int, Node] = {}
+    entry: dict[int, Node] = {}     # graph input id -> its NHWC copy
+    leave: dict[int, Node] = {}     # NHWC value id -> its row-major copy
+
+    def read(consumer: Node, value: Node) -> Node:
+        """What `consumer` reads for `value`: the NHWC copy of an input, the row-major copy of an
+        NHWC value a view cannot fold, or the (re-laid-out) value itself."""
+        new = mapping[value.id]
+        if value.id in chosen and value.op == "input" and (consumer.id in chosen or consumer.op in CONV_ACTIVATIONS):
+            if _single_conv_reader(value, users):
+                return new                           # the convolution converts it inside its call
+            if value.id not in entry:
+                entry[value.id] = _conversion(new, "NHWC", "nhwc")
+            return entry[value.id]
+        if value.id in chosen and value.op != "input" and get_op(consumer.op).has(VIEW) \
+                and not _view_folds_nhwc(consumer, value):
+            if value.id not in leave:
+                leave[value.id] = _conversion(new, "contiguous", "nchw")
+            return leave[value.id]
+        return new
+
+    for node in graph.nodes:
+        if node.op == "input":
+            mapping[node.id] = node
+            continue
+        inputs = tuple(read(node, i) for i in node.inputs)
+        if node.op in CONV_WEIGHT_OPERAND and node.id in chosen:
+            k = CONV_WEIGHT_OPERAND[node.op]
+            if inputs[k].op == "constant" and inputs[k].spec.rank == 4:
+                inputs = (*inputs[:k], _nhwc(inputs[k]), *inputs[k + 1:])  # KRSC at build time
+        changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
+        new = node.replace(inputs=inputs) if changed else node
+        mapping[node.id] = _nhwc(new) if node.id in chosen else new
+    outs = []
+    for o in graph.outputs:
+        new = mapping[o.id]
+        if o.id in chosen and o.op != "input":
+            new = leave.get(o.id) or _conversion(new, "contiguous", "nchw")
+            leave[o.id] = new
+        outs.append(new)
+    return graph.with_(outputs=tuple(outs))
+
+
+def layout_pass(mode: str = "auto", allow_tf32: bool = False) -> Pass:
+    """The `layout` pass for build(): choose_layout with the build's conv_layout and allow_tf32 options."""
+    if mode not in ("auto", "NHWC", "NCHW"):
+        from ..errors import InvalidValueError
+        raise InvalidValueError(f"build option conv_layout={mode!r}: use 'auto', 'NHWC' or 'NCHW'")
+    return Pass("layout", lambda graph: choose_layout(graph, mode, allow_tf32)[0],
+                "NHWC for tensor-core convolutions and the pointwise chains around them, one copy per "
+                "graph boundary")

@@ -1,0 +1,212 @@
+"""cuDNN frontend candidates (backends/cudnn_frontend.py): not offered without a GPU or the package,
+a failing cuDNN build falls back with a FUSEGRAPH_DEBUG reason instead of raising, and the graph we
+describe to the frontend (NHWC strides, conv parameters, bias, activation, build steps, bindings)
+computes conv + bias + activation, checked on CPU with a stand-in for the `cudnn` module whose
+execute() runs torch."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.backends import cudnn_frontend
+from fusegraph.backends.attention_kernel import attention_problem
+from fusegraph.backends.conv_kernel import library_candidates
+from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
+
+
+def _conv_group(activation: str, bias: bool = True, layout: str | None = "NHWC") -> ConvGroup:
+    g = fg.Graph(name=f"conv_{activation}", compute_dtype="float32")
+    x = g.tensor((2, 4, 6, 6), dtype="float16", name="x", **({"layout": layout} if layout else {}))
+    w = g.tensor((8, 4, 3, 3), dtype="float16", name="w")
+    b = g.tensor((8,), dtype="float16", name="b") if bias else None
+    y = g.conv2d(x, w, b, stride=1, padding=1)
+    if activation:
+        y = getattr(g, activation)(y)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(item, ConvGroup)
+    return item
+
+
+def test_no_frontend_candidates_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    group = _conv_group("relu")
+    assert library_candidates(group, "cpu", "k") == {}
+    assert cudnn_frontend.unavailable("cpu") == "device cpu is not a GPU"
+    with override(debug=1):
+        offered = library_candidates(group, "cuda", "k")   # planned for a GPU that is not here
+    assert "cudnn_frontend" not in offered
+    if not torch.cuda.is_available():
+        assert "cuDNN frontend not used: no GPU visible" in capsys.readouterr().out
+
+
+def test_no_frontend_sdpa_candidate_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    g = fg.Graph(name="attn")
+    q, k, v = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in "qkv")
+    g.scaled_dot_product_attention(q, k, v, is_causal=True).set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
+    with override(debug=1):
+        assert cudnn_frontend.sdpa_candidate(node, attention_problem(node), "cpu", "attn") is None
+    assert "cuDNN frontend not used" in capsys.readouterr().out
+
+
+def test_which_epilogues_the_frontend_serves() -> None:
+    assert cudnn_frontend.conv_activation(_conv_group("relu").epilogue_nodes) == "relu"
+    assert cudnn_frontend.conv_activation(_conv_group("silu").epilogue_nodes) == "swish"
+    assert cudnn_frontend.conv_activation(_conv_group("gelu").epilogue_nodes) == "gelu"
+    assert cudnn_frontend.conv_activation(_conv_group("", bias=False).epilogue_nodes) == ""
+    assert cudnn_frontend.conv_activation(_conv_group("sigmoid").epilogue_nodes) is None
+    # NCHW input: the layout pass adds the exit copy to the epilogue; the frontend still serves it
+    nchw = _conv_group("relu", layout=None)
+    assert [n.op for n in nchw.epilogue_nodes] == ["relu", "to_layout"]
+    assert cudnn_frontend.conv_activation(nchw.epilogue_nodes) == "relu"
+    assert "grouped" in (cudnn_frontend.conv_unsupported(_grouped_conv(), "relu") or "")
+
+
+def _grouped_conv() -> Any:
+    g = fg.Graph(name="grouped")
+    x = g.tensor((1, 4, 5, 5), dtype="float16", name="x")
+    w = g.tensor((4, 2, 3, 3), dtype="float16", name="w")
+    g.conv2d(x, w, groups=2).set_output()
+    return next(n for n in g.to_ir().nodes if n.op == "conv2d")
+
+
+class _FakeTensor:
+    def __init__(self, name: str, dim: list[int], stride: list[int]) -> None:
+        self.name, self.dim, self.stride = name, dim, stride
+
+    def set_output(self, flag: bool) -> _FakeTensor:
+        return self
+
+    def set_data_type(self, dt: Any) -> _FakeTensor:
+        return self
+
+    def set_dim(self, dim: list[int]) -> _FakeTensor:
+        self.dim = dim
+        return self
+
+    def set_stride(self, stride: list[int]) -> _FakeTensor:
+        self.stride = stride
+        return self
+
+
+class _FakeGraph:
+    """Records what we describe; execute() computes it with torch (what cuDNN would)."""
+
+    fail_at: str | None = None
+    last: _FakeGraph | None = None
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw, self.steps, self.ops = kw, [], []
+        self.tensors: dict[str, _FakeTensor] = {}
+        _FakeGraph.last = self
+
+    def tensor(self, name: str, dim: list[int], stride: list[int], data_type: Any) -> _FakeTensor:
+        self.tensors[name] = _FakeTensor(name, dim, stride)
+        return self.tensors[name]
+
+    def conv_fprop(self, image: Any, weight: Any, padding: list[int], stride: list[int], dilation: list[int],
+                   name: str) -> _FakeTensor:
+        self.ops.append(("conv", padding, stride, dilation))
+        return _FakeTensor("conv", [], [])
+
+    def bias(self, name: str, input: Any, bias: Any) -> _FakeTensor:
+        self.ops.append(("bias",))
+        return _FakeTensor("bias", [], [])
+
+    def relu(self, name: str, input: Any) -> _FakeTensor:
+        self.ops.append(("relu",))
+        self.out = _FakeTensor("y", [], [])
+        return self.out
+
+    def _step(self, step: str) -> None:
+        self.steps.append(step)
+        if step == _FakeGraph.fail_at:
+            raise RuntimeError(f"cudnnGraphNotSupportedError: no engine for this graph at {step}")
+
+    def validate(self) -> None: self._step("validate")
+    def build_operation_graph(self) -> None: self._step("build_operation_graph")
+    def create_execution_plans(self, modes: list[Any]) -> None: self._step("create_execution_plans")
+    def check_support(self) -> None: self._step("check_support")
+    def build_plans(self) -> None: self._step("build_plans")
+    def get_workspace_size(self) -> int: return 64
+
+    def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
+        by_name = {t.name: v for t, v in bindings.items()}
+        _, padding, stride, dilation = self.ops[0]
+        y = F.conv2d(by_name["x"].float(), by_name["w"].float(), by_name["b"].float().flatten(), stride=stride,
+                     padding=padding, dilation=dilation)
+        by_name["y"].copy_(F.relu(y))
+
+
+def _fake_cudnn(monkeypatch: pytest.MonkeyPatch, fail_at: str | None) -> None:
+    fake = types.SimpleNamespace(
+        pygraph=_FakeGraph, data_type=types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float"),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), set_stream=lambda h, s: None)
+    monkeypatch.setattr(_FakeGraph, "fail_at", fail_at)
+    monkeypatch.setattr(cudnn_frontend, "_load", lambda: (fake, None))
+    monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)
+    monkeypatch.setattr(cudnn_frontend, "_handle", lambda module, device: None)
+
+
+def test_the_graph_we_describe_computes_conv_bias_relu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cudnn(monkeypatch, fail_at=None)
+    group = _conv_group("relu", layout=None)          # NCHW user output: the result is copied back
+    node = group.compute
+    launch = cudnn_frontend._conv_plan(node, "relu", group.outputs[0].spec.memory_strides, torch.device("cpu"))
+    graph = _FakeGraph.last
+    assert graph is not None
+    assert graph.steps == ["validate", "build_operation_graph", "create_execution_plans", "check_support",
+                           "build_plans"]
+    assert [op[0] for op in graph.ops] == ["conv", "bias", "relu"]
+    assert graph.tensors["x"].stride == [144, 1, 24, 4]          # NHWC strides of [2, 4, 6, 6]
+    assert graph.tensors["w"].stride == [36, 1, 12, 4]           # KRSC
+    assert graph.tensors["b"].dim == [1, 8, 1, 1]
+    assert graph.out.dim == [2, 8, 6, 6] and graph.out.stride == [288, 1, 48, 8]
+    x, w, b = rand(2, 4, 6, 6, dtype=torch.float16), rand(8, 4, 3, 3, dtype=torch.float16), rand(8, dtype=torch.float16)
+    (out,) = launch([x, w, b])
+    assert out.is_contiguous()                                    # in the output spec's (NCHW) strides
+    assert_close(out, F.relu(F.conv2d(x.float(), w.float(), b.float(), padding=1)).half(), what="frontend conv")
+
+
+@pytest.mark.parametrize("fail_at", ["validate", "check_support", "build_plans"])
+def test_a_failing_cudnn_build_falls_back_with_a_debug_reason(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               fail_at: str) -> None:
+    _fake_cudnn(monkeypatch, fail_at=fail_at)
+    group = _conv_group("relu")
+    with override(debug=1):
+        got = cudnn_frontend.conv_candidate(group.compute, group.epilogue_nodes,
+                                            group.outputs[0].spec.memory_strides, "cuda", "fg_k0_conv")
+    assert got is None
+    printed = capsys.readouterr().out
+    assert "fg_k0_conv: cuDNN frontend not used: conv plan build failed: RuntimeError" in printed
+    assert fail_at in printed
+
+
+def test_import_failure_is_a_reason_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_cudnn(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "cudnn":
+            raise ImportError("No module named 'cudnn'")
+        return real_import(name, *args, **kwargs)
+
+    cudnn_frontend._load.cache_clear()
+    monkeypatch.setattr(builtins, "__import__", no_cudnn)
+    try:
+        module, why = cudnn_frontend._load()
+        assert module is None and why is not None and "nvidia-cudnn-frontend" in why
+    finally:
+        cudnn_frontend._load.cache_clear()
