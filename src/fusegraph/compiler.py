@@ -21,6 +21,7 @@ from .passes.layout import layout_pass
 from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
+from .tune.build_profile import mark, profiled_build
 
 
 def default_device(hint: str | None = None) -> str:
@@ -29,6 +30,7 @@ def default_device(hint: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@profiled_build
 def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequence[Any] = (),
                   output_handles: Sequence[Any] = (), **options: Any) -> Plan:
     """Optimize, decompose, partition and generate kernels for `device`; returns a runnable Plan.
@@ -51,15 +53,19 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
                                 f"(automatic)")
     static_inputs = check_static_inputs(options.get("static_inputs", ()), len(graph.inputs))
     verify(graph)
+    mark("verify")
     optimized = optimize(graph)
+    mark("passes")
     # decompose runs as a Pass: recorded in provenance and verified like the others
     primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
+    mark("decompose + passes")
     # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
     primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
     if options.get("fuse", True):
         kernels = lower_fused(primitive, device, options)
     else:
         kernels = lower_reference(primitive)
+    mark("lower (rest)")
 
     def rebuild(specs: Sequence[TensorSpec]) -> Plan:
         return compile_graph(respecialize(graph, specs), device, input_handles, output_handles, **options)
@@ -68,6 +74,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
                 static=bool(options.get("static", False)), rebuild=rebuild,
                 cuda_graphs=options.get("cuda_graphs"), graph_outputs=options.get("graph_outputs", "copy"),
                 static_inputs=static_inputs)
+    mark("plan (memory plan, guards)")
     _dump(plan)
     return plan
 

@@ -28,6 +28,7 @@ from .reference import run_node
 from .runtime.kernel import Kernel
 from .runtime.launch import TritonLaunch
 from .settings import settings
+from .tune.build_profile import kernels_built, mark, timed_stage
 
 
 class FusionFallbackWarning(UserWarning):
@@ -76,10 +77,14 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     from .backends.plan_precompile import precompile_plan
     from .fusion.epilogue import ConvGroup, MatmulGroup, claim_epilogues
 
-    kernels = []
+    mark("layout + views")
+    kernels: list[Kernel] = []
     items = claim_epilogues(partition_graph(graph).items, graph)
+    mark("partition")
     precompile_plan(items, device, options)  # the kernels' Triton candidates compile at once, in parallel
+    mark("precompile (parallel)")
     for k, item in enumerate(items):
+        built = len(kernels)
         if isinstance(item, MatmulGroup):
             kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
         elif isinstance(item, ConvGroup):
@@ -93,6 +98,7 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
                                               options))
         else:
             kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
+        kernels_built(kernels, built)
     return kernels
 
 
@@ -172,6 +178,7 @@ def fused_kernel(group: KernelGroup, name: str, compute_dtype: str, device: str,
     return kernel
 
 
+@timed_stage("first launch + check")
 def _compile_and_check(launcher: TritonLaunch, example: list[torch.Tensor]) -> None:
     """Compile now (failures fall back to the reference), then check the direct launch path
     against the JIT's on the same inputs; any difference turns the direct path off."""
@@ -224,7 +231,8 @@ def _choose_config(fns: list[Any], gen: Any, candidates: list[dict[str, Any]], d
         return bench_ms(lambda: launcher(args))
 
     key = {"source": gen.source, "device": device}
-    result = tune(gen.name, key, [Config(c) for c in candidates], bench, floor_ms=floor_ms_of(kernel))
+    result = tune(gen.name, key, [Config(c) for c in candidates], bench, floor_ms=floor_ms_of(kernel),
+                  memory_bound=True)   # pointwise and reductions: a heuristic config when small (tune "fast")
     kernel.tuning = summary(result, len(candidates))  # where the choice (and the build time) came from
     return dict(result.config.values)
 

@@ -98,6 +98,19 @@ _register("tune_min_floor_us", int, lambda: 10,
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")
+_register("tune", str, lambda: "fast",
+          "How much to tune: 'fast' (memory-bound kernels whose floor is under tune_heuristic_floor_us take "
+          "their shape's heuristic config untimed; the rest are timed) or 'full' (time every kernel above "
+          "tune_min_floor_us).")
+_register("tune_heuristic_floor_us", int, lambda: 50,
+          "With tune=fast, memory-bound kernels (pointwise, reductions) whose cost-model floor is under this "
+          "many microseconds use the heuristic config of their shape without timing.")
+_register("profile_build", bool, lambda: False,
+          "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
+          "profile is also kept as plan.build_profile and shown by plan.explain().")
+_register("prebuild_launchers", bool, lambda: True,
+          "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
+          "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")
 _register("use_triton", bool, lambda: True,
           "Lower fused kernels to generated Triton code (GPU, or CPU under TRITON_INTERPRET=1).")
 _register("cuda_graphs", bool, lambda: True,

@@ -45,14 +45,15 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
 
 
 def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) -> list[Any]:
-    """Compile jobs for a fused group that launches once: its first config when launch-bound (or
-    the cached choice), else every candidate; [] for two-stage kernels."""
+    """Compile jobs for a fused group that launches once: its first config when it is not timed
+    (launch-bound, or a heuristic config under tune "fast"), the cached choice, else every
+    candidate; [] for two-stage kernels."""
     from ..codegen.configs import candidate_configs, launch_parameters
     from ..codegen.triton_gen import generate
     from ..lower import _example_inputs, _summary, group_cost
     from ..runtime.kernel import Kernel
     from ..tune import Config
-    from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
+    from ..tune.autotuner import cached_choice, floor_ms_of, untimed_reason
 
     name = f"fg_k{k}_{_summary(group)}"
     gen = generate(group, name)
@@ -62,7 +63,7 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) 
     shape = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
                    inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=group_cost(group),
                    launch=lambda args: [])
-    if len(candidates) > 1 and (not settings.autotune or launch_bound(floor_ms_of(shape))):
+    if len(candidates) > 1 and (not settings.autotune or untimed_reason(floor_ms_of(shape), memory_bound=True)):
         candidates = candidates[:1]
     elif len(candidates) > 1:
         known = cached_choice(gen.name, {"source": gen.source, "device": device}, [Config(c) for c in candidates])

@@ -173,6 +173,8 @@ def analyze_plan(plan: Any, device_spec: DeviceSpec | str | None = None, measure
     from ..tune.autotuner import build_time_note
     if (build := build_time_note(plan.kernels)) is not None:
         notes.append(build)
+    if (profile := getattr(plan, "build_profile", None)) is not None:   # FUSEGRAPH_PROFILE_BUILD=1
+        notes.append(profile.report())
     name = str(title or getattr(getattr(plan, "graph", None), "name", "plan"))
     return PlanReport(name, spec, rows, timings is not None, notes=notes)
 

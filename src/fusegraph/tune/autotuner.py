@@ -7,7 +7,11 @@ Candidates come best-guess first (the cost model's order). Without timing (bench
 settings.autotune off, or no CUDA GPU) the first candidate is the answer. A kernel whose cost-model
 floor (`floor_ms`) is under settings.tune_min_floor_us (10 us) is launch-bound: candidates differ
 by a few microseconds at most, less than compiling one more candidate costs, so the first
-candidate is the answer ("launch-bound"). Otherwise the answer comes from, in order: this
+candidate is the answer ("launch-bound"). Under settings.tune "fast" (the default) a memory-bound
+kernel (`memory_bound=True`: pointwise and reduction kernels) whose floor is under
+settings.tune_heuristic_floor_us (50 us) takes the first candidate too, the heuristic config of its
+shape ("heuristic"): its candidates differ by a few percent of a few tens of microseconds, less
+than compiling and timing them costs; tune "full" times them. Otherwise the answer comes from, in order: this
 process's memo, the disk cache, or timing every candidate that `prune` keeps (`prune(cfg)` True
 means "do not try this one"); the timed choice is written to the cache. Before timing,
 `precompile(kept)` may compile all kept candidates at once (in parallel: tune/precompile.py).
@@ -25,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import UnsupportedError
+from ..errors import InvalidValueError, UnsupportedError
 from ..settings import settings
 from . import keys
 from .cache import CacheEntry, Timing, TuneCache
@@ -41,7 +45,7 @@ PrecompileFn = Callable[[Sequence[Config]], Any]
 class TuneResult:
     """The chosen config and where it came from."""
     config: Config
-    source: str                      # default | launch-bound | single | memo | cache | tuned
+    source: str                      # default | launch-bound | heuristic | single | memo | cache | tuned
     timings: tuple[Timing, ...] = ()
     key_digest: str | None = None    # names the cache file; None when nothing was keyed
     seconds: float = 0.0             # wall time of this tune() call (precompile + timing + cache)
@@ -62,14 +66,39 @@ def clear_memo() -> None:
 
 def autotune(name: str, key: Mapping[str, Any], candidates: Sequence[Config], bench: BenchFn | None, *,
              prune: PruneFn | None = None, floor_ms: float | None = None,
-             precompile: PrecompileFn | None = None) -> Config:
+             precompile: PrecompileFn | None = None, memory_bound: bool = False) -> Config:
     """The fastest candidate for `key` on this GPU (see the module doc); candidates[0] without timing."""
-    return tune(name, key, candidates, bench, prune=prune, floor_ms=floor_ms, precompile=precompile).config
+    return tune(name, key, candidates, bench, prune=prune, floor_ms=floor_ms, precompile=precompile,
+                memory_bound=memory_bound).config
+
+
+TUNE_MODES = ("fast", "full")
+
+
+def tune_mode() -> str:
+    """settings.tune, checked: "fast" or "full"."""
+    mode = str(settings.tune).strip().lower()
+    if mode not in TUNE_MODES:
+        raise InvalidValueError(f"setting tune (FUSEGRAPH_TUNE) = {settings.tune!r}: use one of "
+                                f"{', '.join(TUNE_MODES)}")
+    return mode
 
 
 def launch_bound(floor_ms: float | None) -> bool:
     """True when a kernel with this cost-model floor is not worth timing (see the module doc)."""
     return floor_ms is not None and floor_ms * 1e3 < settings.tune_min_floor_us
+
+
+def untimed_reason(floor_ms: float | None, memory_bound: bool = False) -> str | None:
+    """"launch-bound" or "heuristic" when a kernel with this floor takes its first candidate
+    untimed (see the module doc), None when it is worth timing."""
+    if floor_ms is None:
+        return None
+    if launch_bound(floor_ms):
+        return "launch-bound"
+    if memory_bound and tune_mode() == "fast" and floor_ms * 1e3 < settings.tune_heuristic_floor_us:
+        return "heuristic"
+    return None
 
 
 def floor_ms_of(kernel: Any) -> float | None:
@@ -95,16 +124,16 @@ def summary(result: TuneResult, candidates: int) -> dict[str, Any]:
 
 def tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mapping[str, Any]],
          bench: BenchFn | None, *, prune: PruneFn | None = None, floor_ms: float | None = None,
-         precompile: PrecompileFn | None = None) -> TuneResult:
+         precompile: PrecompileFn | None = None, memory_bound: bool = False) -> TuneResult:
     """`autotune` returning a `TuneResult` (the config, its source, the timings behind it, the seconds spent)."""
     start = time.perf_counter()
-    result = _tune(name, key, candidates, bench, prune, floor_ms, precompile)
+    result = _tune(name, key, candidates, bench, prune, floor_ms, precompile, memory_bound)
     return replace(result, seconds=time.perf_counter() - start)
 
 
 def _tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mapping[str, Any]],
           bench: BenchFn | None, prune: PruneFn | None, floor_ms: float | None,
-          precompile: PrecompileFn | None) -> TuneResult:
+          precompile: PrecompileFn | None, memory_bound: bool = False) -> TuneResult:
     configs = [c if isinstance(c, Config) else Config(c) for c in candidates]
     if not configs:
         raise ValueError(f"autotune {name!r}: no candidate configurations given")
@@ -115,8 +144,9 @@ def _tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mappi
         return TuneResult(configs[0], "default")
 
     kept = _unique([c for c in configs if prune is None or not prune(c)]) or configs[:1]
-    if launch_bound(floor_ms):
-        return TuneResult(kept[0], "launch-bound")
+    untimed = untimed_reason(floor_ms, memory_bound)
+    if untimed is not None:
+        return TuneResult(kept[0], untimed)
     if len(kept) == 1:
         return TuneResult(kept[0], "single")
 

@@ -13,16 +13,24 @@ about 75% of a compile is ptxas, a subprocess; the rest (AST -> TTIR, MLIR and L
 PTX) mostly runs outside the GIL too: with ptxas stubbed out, 8 compiles took 3.5 s on one
 thread and 2.0 s on two (1.7x). With ptxas, 4 compiles: 4.4 s -> 3.3 s on two threads (the two
 cores were saturated). So a process pool (Inductor's way) would add little over threads here.
+
+Launchers: Triton 3.x also builds a small C launcher per kernel signature with the host C compiler
+(`driver.active.launcher_cls`, cached on disk in TRITON_CACHE_DIR by its source), and it does so at
+a kernel's first launch, one kernel after another. Once the compiles are done, the distinct
+launchers of the compiled kernels are built here in the same pool (a gcc subprocess each), so the
+first launches only load them from the cache. FUSEGRAPH_PROFILE_BUILD shows both phases.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..settings import settings
+from .build_profile import active as active_profile
 
 MAX_THREADS = 16
 
@@ -40,28 +48,82 @@ def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None =
     Triton has it); False: the jobs do their whole compile themselves and run in the pool."""
     if not jobs:
         return []
+    start = time.perf_counter()
     workers = threads or compile_threads(len(jobs))
     if workers == 1:
-        return [_run(job) for job in jobs]
+        results = [_run(job) for job in jobs]
+        _note("parallel compile", start, f"{len(jobs)} jobs on 1 thread")
+        return [error for error, _ in results]
     mode = _async_compile_mode() if triton_jobs else None
     if mode is not None and _async_mode_active():  # the caller's own AsyncCompileMode takes the jobs
-        return [_run(job) for job in jobs]
+        return [error for error, _ in (_run(job) for job in jobs)]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegraph-compile") as pool:
-        if mode is None:
-            return [_error_of(f) for f in [pool.submit(job) for job in jobs]]
         errors: list[str | None] = [None] * len(jobs)
-        handles: list[Any] = [None] * len(jobs)
-        with mode(pool, ignore_errors=True):
-            for k, job in enumerate(jobs):
-                try:
-                    handles[k] = job()
-                except Exception as err:  # binding failed before anything was submitted
-                    errors[k] = _describe(err)
-        for k, handle in enumerate(handles):
-            future = getattr(handle, "future", None)
-            if errors[k] is None and isinstance(future, Future):
+        compiled: list[Any] = [None] * len(jobs)
+        if mode is None:
+            futures = [pool.submit(job) for job in jobs]
+            for k, future in enumerate(futures):
                 errors[k] = _error_of(future)
+                compiled[k] = future.result() if errors[k] is None else None
+        else:
+            handles: list[Any] = [None] * len(jobs)
+            with mode(pool, ignore_errors=True):
+                for k, job in enumerate(jobs):
+                    try:
+                        handles[k] = job()
+                    except Exception as err:  # binding failed before anything was submitted
+                        errors[k] = _describe(err)
+            for k, handle in enumerate(handles):
+                pending = getattr(handle, "future", None)
+                if errors[k] is None and isinstance(pending, Future):
+                    errors[k] = _error_of(pending)
+                compiled[k] = getattr(handle, "kernel", None) if errors[k] is None else None
+        _note("parallel compile", start, f"{len(jobs)} jobs on {workers} threads")
+        if settings.prebuild_launchers:
+            start = time.perf_counter()
+            built = build_launchers(compiled, pool)
+            _note("launcher builds", start, f"{built} distinct launchers")
         return errors
+
+
+def build_launchers(compiled: Sequence[Any], pool: ThreadPoolExecutor) -> int:
+    """Build the distinct C launchers of these compiled kernels in `pool` (each a host-compiler run
+    the first time, a disk-cache load after); returns how many. Never raises: a launcher that fails
+    here fails again, with its message, at the kernel's first launch."""
+    launcher_cls = _launcher_class()
+    if launcher_cls is None:
+        return 0
+    seen: set[str] = set()
+    futures = []
+    for kernel in compiled:
+        kernel = getattr(kernel, "kernel", kernel)   # a FutureKernel's result, or a CompiledKernel
+        src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+        signature = getattr(src, "signature", None)
+        if signature is None or metadata is None:
+            continue
+        key = repr((sorted(signature.items(), key=str), sorted(getattr(src, "constants", {}).items(), key=str),
+                    getattr(metadata, "tensordesc_meta", None)))
+        if key not in seen:
+            seen.add(key)
+            futures.append(pool.submit(launcher_cls, src, metadata))
+    for future in futures:
+        future.exception()
+    return len(futures)
+
+
+def _launcher_class() -> Any:
+    try:
+        from triton.runtime.driver import driver
+
+        return getattr(driver.active, "launcher_cls", None)
+    except Exception:  # no GPU driver (CPU, interpreter): nothing to build
+        return None
+
+
+def _note(what: str, start: float, detail: str) -> None:
+    profile = active_profile()
+    if profile is not None:
+        profile.add_sub(what, time.perf_counter() - start, detail)
 
 
 def _async_compile_mode() -> Any:
@@ -80,12 +142,11 @@ def _async_mode_active() -> bool:
     return _async_compile.active_mode.get() is not None
 
 
-def _run(job: Callable[[], Any]) -> str | None:
+def _run(job: Callable[[], Any]) -> tuple[str | None, Any]:
     try:
-        job()
+        return None, job()
     except Exception as err:
-        return _describe(err)
-    return None
+        return _describe(err), None
 
 
 def _error_of(future: Future[Any]) -> str | None:

@@ -1,0 +1,147 @@
+"""Build-time cuts: memory-bound kernels under tune "fast" take their shape's heuristic config
+untimed (only the big ones are compiled and timed), tune "full" times them all, and the parallel
+precompile also builds the compiled kernels' C launchers in its pool, once per distinct signature."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import fusegraph as fg
+from fusegraph.errors import InvalidValueError
+from fusegraph.settings import override
+from fusegraph.tune import Config, clear_memo, keys, precompile, tune
+from fusegraph.tune.autotuner import untimed_reason
+from fusegraph.tune.build_profile import profile_build
+
+GPU = {"name": "Fake GPU H200", "capability": "9.0"}
+CANDIDATES = [Config.of(BLOCK=1), Config.of(BLOCK=2), Config.of(BLOCK=3)]
+
+
+@pytest.fixture
+def gpu(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(keys, "gpu_identity", lambda: dict(GPU))
+    clear_memo()
+    with override(cache_dir=str(tmp_path), autotune=True):
+        yield
+    clear_memo()
+
+
+def test_small_memory_bound_kernel_takes_the_heuristic_config_untimed(gpu):
+    calls: list[Config] = []
+    bench = lambda c: calls.append(c) or float(c["BLOCK"])  # noqa: E731
+    result = tune("norm_30us", {"k": 1}, CANDIDATES, bench, floor_ms=0.030, memory_bound=True)
+    assert (result.config, result.source, calls) == (CANDIDATES[0], "heuristic", [])
+    # the same floor on a compute kernel (a GEMM), a big memory-bound one, or tune=full: timed
+    assert tune("gemm_30us", {"k": 2}, CANDIDATES, bench, floor_ms=0.030).source == "tuned"
+    assert tune("norm_80us", {"k": 3}, CANDIDATES, bench, floor_ms=0.080, memory_bound=True).source == "tuned"
+    with override(tune="full"):
+        assert tune("norm_30us_full", {"k": 4}, CANDIDATES, bench, floor_ms=0.030, memory_bound=True).source == "tuned"
+    assert len(calls) == 9
+
+
+def test_untimed_reason_thresholds():
+    assert untimed_reason(0.005, memory_bound=True) == "launch-bound" and untimed_reason(0.005) == "launch-bound"
+    assert untimed_reason(0.049, memory_bound=True) == "heuristic" and untimed_reason(0.049) is None
+    assert untimed_reason(0.051, memory_bound=True) is None and untimed_reason(None, memory_bound=True) is None
+    with override(tune_heuristic_floor_us=100):
+        assert untimed_reason(0.080, memory_bound=True) == "heuristic"
+    with override(tune="full"):
+        assert untimed_reason(0.030, memory_bound=True) is None and untimed_reason(0.005) == "launch-bound"
+    with override(tune="slow"), pytest.raises(InvalidValueError, match="fast, full"):
+        untimed_reason(0.030, memory_bound=True)
+
+
+def layernorm_items(rows: int) -> list:
+    from fusegraph.fusion.partition import partition_graph
+
+    g = fg.Graph(name=f"norm{rows}", compute_dtype="float32")
+    x = g.tensor((rows, 1024), dtype="bfloat16", name="x")
+    g.layernorm(x, eps=1e-5).set_output()
+    return partition_graph(g.build(device="cpu").graph).items
+
+
+@pytest.mark.parametrize("rows, fast_jobs, full_jobs", [
+    (4096, 1, 1),        # 3.5 us floor: launch-bound either way
+    (32768, 1, None),    # 28 us: heuristic under fast, every candidate under full
+    (65536, None, None),  # 56 us: timed, every candidate
+])
+def test_plan_precompile_compiles_only_the_heuristic_config_of_small_kernels(gpu, monkeypatch, rows, fast_jobs,
+                                                                               full_jobs):
+    from fusegraph import lower
+    from fusegraph.backends import plan_precompile
+    from fusegraph.codegen.configs import candidate_configs
+    from fusegraph.codegen.triton_gen import generate
+
+    items = layernorm_items(rows)
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
+    monkeypatch.setattr(lower, "_example_inputs",
+                        lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
+    every = len(candidate_configs(generate(items[0], "fg_k0_x")))
+    assert every > 1
+    assert plan_precompile.precompile_plan(items, "cuda", {}) == (fast_jobs or every)
+    with override(tune="full"):
+        assert plan_precompile.precompile_plan(items, "cuda", {}) == (full_jobs or every)
+
+
+def test_fused_kernel_times_only_big_memory_bound_kernels(gpu, monkeypatch):
+    """lower._choose_config under a fake GPU: which configs are timed for a small and a big kernel."""
+    from fusegraph import lower
+    from fusegraph.codegen.configs import candidate_configs
+    from fusegraph.codegen.triton_gen import generate
+    from fusegraph.runtime.kernel import Kernel
+
+    timed: list[dict] = []
+    monkeypatch.setattr(lower, "_launcher", lambda fns, gen, config, device, fast: config)
+    monkeypatch.setattr(lower, "_example_inputs", lambda nodes, device: [])
+    monkeypatch.setattr("fusegraph.tune.bench_ms", lambda fn: timed.append(fn.__closure__ and 1) or 1.0)
+    chosen = {}
+    for rows in (32768, 65536):
+        group = layernorm_items(rows)[0]
+        gen = generate(group, f"fg_k0_norm{rows}")
+        candidates = candidate_configs(gen)
+        kernel = Kernel(name=gen.name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
+                        inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores),
+                        cost=lower.group_cost(group), launch=lambda args: [])
+        before = len(timed)
+        config = lower._choose_config([], gen, candidates, "cuda", {}, kernel)
+        chosen[rows] = (kernel.tuning["source"], len(timed) - before, config == candidates[0], len(candidates))
+    assert chosen[32768][:3] == ("heuristic", 0, True)
+    assert chosen[65536][0] == "tuned" and chosen[65536][1] == chosen[65536][3]
+
+
+def test_precompile_builds_each_distinct_launcher_once_in_the_pool(monkeypatch):
+    built: list[tuple] = []
+    lock = threading.Lock()
+
+    def fake_launcher(src, metadata):
+        time.sleep(0.05)
+        with lock:
+            built.append((tuple(src.signature.items()), threading.current_thread().name))
+
+    def compiled(sig: dict) -> SimpleNamespace:
+        return SimpleNamespace(src=SimpleNamespace(signature=sig, constants={}), metadata=SimpleNamespace())
+
+    kernels = [compiled({0: "*bf16", 1: "i32"}), compiled({0: "*bf16", 1: "i32"}), compiled({0: "*fp32"}), None]
+    monkeypatch.setattr(precompile, "_launcher_class", lambda: fake_launcher)
+    with profile_build("g", enabled=True) as profile:
+        errors = precompile.compile_in_parallel([lambda k=k: k for k in kernels], threads=2, triton_jobs=False)
+    assert errors == [None] * 4
+    assert sorted(sig for sig, _ in built) == [((0, "*bf16"), (1, "i32")), ((0, "*fp32"),)]
+    assert all(name.startswith("fusegraph-compile") for _, name in built)
+    subs = {s.name: s.detail for r in profile.records for s in r.subs}
+    assert subs["launcher builds"] == "2 distinct launchers" and subs["parallel compile"] == "4 jobs on 2 threads"
+    built.clear()
+    with override(prebuild_launchers=False):
+        precompile.compile_in_parallel([lambda k=k: k for k in kernels], threads=2, triton_jobs=False)
+    assert built == []
+
+
+def test_launchers_not_built_without_a_gpu_driver():
+    assert precompile.build_launchers([SimpleNamespace(src=None, metadata=None)], None) == 0  # type: ignore[arg-type]
