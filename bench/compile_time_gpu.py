@@ -2,6 +2,9 @@
 
     python bench/compile_time_gpu.py            # on the GPU machine; JSON to $OUT/compile_time.json
     python bench/compile_time_gpu.py --size small --dtype float16   # a quick check
+    python bench/compile_time_gpu.py --profile  # + where each fusegraph build's time goes (stages,
+        # kernels, tuning, Triton compiles; FUSEGRAPH_PROFILE_BUILD=1) and a cProfile of each build:
+        # top 30 by cumulative time printed, full stats in $OUT/compile_profile_{cold,warm}.prof
 
 Each measurement runs in a fresh Python process (what a user pays on a new run):
   fusegraph cold   fresh FUSEGRAPH_CACHE_DIR and TRITON_CACHE_DIR (temp dirs): every kernel generated,
@@ -30,19 +33,36 @@ from typing import Any
 COLD_TIMEOUT_S, WARM_TIMEOUT_S = 75, 30   # per child: the four stay under 3 minutes
 
 
-def child_fusegraph(size: str, dtype: str) -> dict[str, Any]:
+def child_fusegraph(size: str, dtype: str, profile: str | None = None, device: str = "cuda") -> dict[str, Any]:
+    t_import = time.perf_counter()
     import torch
 
     from fusegraph.commands.demo_blocks import SIZES, transformer_block
 
-    block = transformer_block(SIZES[size][0], getattr(torch, dtype), "cuda")
-    torch.cuda.synchronize()
+    import_s = time.perf_counter() - t_import
+    block = transformer_block(SIZES[size][0], getattr(torch, dtype), device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
-    plan = block.graph.build(device="cuda")
+    plan = block.graph.build(device=device)
     build_s = time.perf_counter() - t0
+    extra: dict[str, Any] = {"import_s": import_s}
+    if profiler is not None:
+        profiler.disable()
+        extra.update(dump_cprofile(profiler, profile))
+        build_profile = getattr(plan, "build_profile", None)
+        if build_profile is not None:
+            extra["build_profile"] = build_profile.as_dict()
+            extra["build_profile_text"] = build_profile.report(top_kernels=40)
     t1 = time.perf_counter()
     out = plan.execute(block.feeds)[block.output]
-    torch.cuda.synchronize()
+    sync()
     first_call_s = time.perf_counter() - t1
     from fusegraph.commands.demo import exact_float32, rel_err
     with exact_float32():
@@ -50,7 +70,26 @@ def child_fusegraph(size: str, dtype: str) -> dict[str, Any]:
     kernels = [{"name": k.name, "kind": k.kind, "backend": k.backend, "ops": len(k.nodes),
                 "config": {a: v for a, v in k.config.items() if isinstance(v, int | float | str | bool)},
                 "tuning": dict(getattr(k, "tuning", {}) or {})} for k in plan.kernels]
-    return {"build_s": build_s, "first_call_s": first_call_s, "rel_err": err, "kernels": kernels}
+    return {"build_s": build_s, "first_call_s": first_call_s, "rel_err": err, "kernels": kernels, **extra}
+
+
+def dump_cprofile(profiler: Any, label: str) -> dict[str, Any]:
+    """The build's cProfile: top 30 by cumulative time (text, also in $OUT/compile_profile_<label>.txt)
+    and the raw stats in $OUT/compile_profile_<label>.prof (snakeviz / pstats)."""
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(30)
+    tottime = io.StringIO()
+    pstats.Stats(profiler, stream=tottime).sort_stats("tottime").print_stats(15)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        stats.dump_stats(os.path.join(out_dir, f"compile_profile_{label}.prof"))
+        with open(os.path.join(out_dir, f"compile_profile_{label}.txt"), "w") as f:
+            f.write(text.getvalue() + "\n" + tottime.getvalue())
+    return {"cprofile_top30": text.getvalue()}
 
 
 def child_torch(size: str, dtype: str) -> dict[str, Any]:
@@ -73,8 +112,12 @@ def child_torch(size: str, dtype: str) -> dict[str, Any]:
     return {"build_s": first_s - steady_s, "first_call_s": first_s, "torch": torch.__version__}
 
 
-def run_child(which: str, env: dict[str, str], size: str, dtype: str, timeout: float) -> dict[str, Any]:
+def run_child(which: str, env: dict[str, str], size: str, dtype: str, timeout: float,
+              profile: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", which, "--size", size, "--dtype", dtype]
+    if profile:
+        cmd += ["--profile-label", profile]
+        env = dict(env, FUSEGRAPH_PROFILE_BUILD="1")
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -115,7 +158,13 @@ def print_fusegraph(label: str, r: dict[str, Any]) -> None:
     if "error" in r:
         print(f"{label}: FAILED {r['error'][:500]}")
         return
-    print(f"{label}: build {r['build_s']:.2f} s, first call {r['first_call_s']:.3f} s, rel err {r['rel_err']:.2e}")
+    print(f"{label}: build {r['build_s']:.2f} s, first call {r['first_call_s']:.3f} s, rel err {r['rel_err']:.2e}"
+          f" (imports before the build {r.get('import_s', 0.0):.2f} s)")
+    if "build_profile_text" in r:
+        print(r["build_profile_text"])
+    if "cprofile_top30" in r:
+        print(f"--- cProfile of the {label} build, top 30 by cumulative time ---")
+        print(r["cprofile_top30"])
     for k in r["kernels"]:
         t = k["tuning"]
         if not t:
@@ -131,10 +180,16 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--child", choices=("fusegraph", "torch"))
     p.add_argument("--skip-torch", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="profile each fusegraph build: stage/kernel report and cProfile (stats to $OUT)")
+    p.add_argument("--profile-label", help=argparse.SUPPRESS)
+    p.add_argument("--child-device", default="cuda", help=argparse.SUPPRESS)   # cpu: a smoke run of the child
     args = p.parse_args()
     if args.child:
-        fn = child_fusegraph if args.child == "fusegraph" else child_torch
-        print("RESULT " + json.dumps(fn(args.size, args.dtype)), flush=True)
+        result = child_fusegraph(args.size, args.dtype, args.profile_label, args.child_device) \
+            if args.child == "fusegraph" \
+            else child_torch(args.size, args.dtype)
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     root = tempfile.mkdtemp(prefix="fg_compile_time_")
@@ -146,10 +201,12 @@ def main() -> int:
                      TRITON_CACHE_DIR=os.path.join(root, "torch_triton"))
     record: dict[str, Any] = {"size": args.size, "dtype": args.dtype, "cpus": os.cpu_count(), "cache_root": root}
     t_all = time.perf_counter()
-    record["fusegraph_cold"] = run_child("fusegraph", fg_env, args.size, args.dtype, COLD_TIMEOUT_S)
+    record["fusegraph_cold"] = run_child("fusegraph", fg_env, args.size, args.dtype, COLD_TIMEOUT_S,
+                                         "cold" if args.profile else None)
     print_fusegraph("fusegraph cold", record["fusegraph_cold"])
     record["tuned_candidates"] = tuned_candidates(os.path.join(root, "fg", "tune"))
-    record["fusegraph_warm"] = run_child("fusegraph", fg_env, args.size, args.dtype, WARM_TIMEOUT_S)
+    record["fusegraph_warm"] = run_child("fusegraph", fg_env, args.size, args.dtype, WARM_TIMEOUT_S,
+                                         "warm" if args.profile else None)
     print_fusegraph("fusegraph warm", record["fusegraph_warm"])
     if not args.skip_torch:
         for label in ("torch_cold", "torch_warm"):
