@@ -169,3 +169,22 @@ def test_already_channels_last_inputs_need_no_copies() -> None:
     g.relu(g.conv2d(x, w, padding=1)).set_output()
     plan = g.build(device="cpu")
     assert not [n for n in plan.graph.nodes if n.op == "to_layout"]
+
+
+def test_groupnorm_between_convs_stays_correct() -> None:
+    """groupnorm's decomposition reshapes channels into groups, which NHWC cannot view without a copy:
+    the pass makes that copy explicit (a to_layout before the reshape) and keeps the numerics."""
+    g = fg.Graph(name="conv_gn_conv", compute_dtype="float32")
+    x = g.tensor((2, 8, 5, 5), dtype="float16", name="x")
+    w1, w2 = g.tensor((8, 8, 3, 3), dtype="float16", name="w1"), g.tensor((8, 8, 3, 3), dtype="float16", name="w2")
+    h = g.relu(g.group_norm(g.conv2d(x, w1, padding=1), 2))
+    y = g.conv2d(h, w2, padding=1)
+    y.set_output()
+    plan = g.build(device="cpu")
+    views = [n for n in plan.graph.nodes if n.op == "reshape"]
+    assert views and all(v.spec.layout is None for v in views)
+    for v in views:   # every view reads a row-major value (through an explicit copy when it was NHWC)
+        assert v.inputs[0].spec.layout is None
+    feeds = [rand(2, 8, 5, 5, dtype=torch.float16, seed=5), rand(8, 8, 3, 3, dtype=torch.float16, seed=6) * 0.2,
+             rand(8, 8, 3, 3, dtype=torch.float16, seed=7) * 0.2]
+    assert_close(plan(*feeds), fg.reference(g)(*feeds), what="conv-groupnorm-conv")

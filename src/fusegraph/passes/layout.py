@@ -188,8 +188,8 @@ def layout_regions(graph: Graph) -> _Regions:
             if out_is_activation and acts:
                 regions.union(node.id, acts[0].id)
         elif get_op(node.op).has(POINTWISE) and _activation(node):
-            for i in node.inputs:
-                if i.shape == node.shape and _activation(i) and not _is_conversion(i):
+            for i in node.inputs:  # a view's layout follows its input's strides: it stays outside
+                if i.shape == node.shape and _activation(i) and not _is_conversion(i) and not get_op(i.op).has(VIEW):
                     regions.union(node.id, i.id)
     return regions
 
