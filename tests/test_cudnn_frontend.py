@@ -104,6 +104,7 @@ class _FakeGraph:
 
     fail_at: str | None = None
     last: _FakeGraph | None = None
+    wrong: float | None = None      # scale the result: a plan that computes something else
 
     def __init__(self, **kw: Any) -> None:
         self.kw, self.steps, self.ops = kw, [], []
@@ -128,6 +129,12 @@ class _FakeGraph:
         self.out = _FakeTensor("y", [], [])
         return self.out
 
+    def sdpa(self, name: str, q: Any, k: Any, v: Any, attn_scale: float, generate_stats: bool,
+             use_causal_mask: bool = False) -> tuple[_FakeTensor, None]:
+        self.ops.append(("sdpa", attn_scale, generate_stats, use_causal_mask))
+        self.out = _FakeTensor("o", [], [])
+        return self.out, None
+
     def _step(self, step: str) -> None:
         self.steps.append(step)
         if step == _FakeGraph.fail_at:
@@ -142,6 +149,12 @@ class _FakeGraph:
 
     def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
         by_name = {t.name: v for t, v in bindings.items()}
+        if self.ops[0][0] == "sdpa":
+            _, scale, _, causal = self.ops[0]
+            q, k, v = (by_name[n].float() for n in "qkv")
+            by_name["o"].copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+                               * (self.wrong or 1.0))
+            return
         _, padding, stride, dilation = self.ops[0]
         y = F.conv2d(by_name["x"].float(), by_name["w"].float(), by_name["b"].float().flatten(), stride=stride,
                      padding=padding, dilation=dilation)
@@ -210,3 +223,21 @@ def test_import_failure_is_a_reason_not_an_error(monkeypatch: pytest.MonkeyPatch
         assert module is None and why is not None and "nvidia-cudnn-frontend" in why
     finally:
         cudnn_frontend._load.cache_clear()
+
+
+def test_the_sdpa_graph_we_describe_and_its_agreement_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cudnn(monkeypatch, fail_at=None)
+    g = fg.Graph(name="attn")
+    q, k, v = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in "qkv")
+    g.scaled_dot_product_attention(q, k, v, is_causal=True).set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
+    problem = attention_problem(node)
+    assert cudnn_frontend.sdpa_unsupported(node, problem) is None
+    launch = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
+    graph = _FakeGraph.last
+    assert graph is not None and graph.ops == [("sdpa", 0.125, False, True)]
+    assert graph.out.dim == [1, 2, 16, 64] and graph.out.stride == [2048, 1024, 64, 1]
+    cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")        # agrees with torch
+    monkeypatch.setattr(_FakeGraph, "wrong", 1.5)
+    with pytest.raises(ValueError, match="cuDNN frontend SDPA"):
+        cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")

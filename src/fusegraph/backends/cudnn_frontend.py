@@ -213,10 +213,26 @@ def sdpa_candidate(node: Node, problem: Any, device: str, name: str) -> Launch |
         debug(name, why)
         return None
     try:
-        return _sdpa_plan(node, problem, torch.device(device))
-    except Exception as err:
-        debug(name, f"SDPA plan build failed: {type(err).__name__}: {str(err)[:300]}")
+        launch = _sdpa_plan(node, problem, torch.device(device))
+        _check_sdpa(launch, node, problem, device, name)
+        return launch
+    except Exception as err:  # build failure, or results that differ from torch's: not offered
+        debug(name, f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}")
         return None
+
+
+def _check_sdpa(launch: Launch, node: Node, problem: Any, device: str, name: str) -> None:
+    """Run the plan once on example inputs against torch's SDPA (ValueError when they differ): the
+    attention autotuner compares only its Triton candidates with torch."""
+    import torch.nn.functional as F
+
+    from ..lower import _example_inputs
+    from .matmul_kernel import check_same
+
+    q, k, v = _example_inputs(list(node.inputs[:3]), device)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=bool(problem.causal), scale=float(problem.scale),
+                                          enable_gqa=problem.heads != problem.kv_heads)
+    check_same(launch([q, k, v]), [want], f"{name} cuDNN frontend SDPA")
 
 
 def _causal_sdpa(graph: Any, cudnn: Any, q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
