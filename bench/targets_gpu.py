@@ -61,6 +61,11 @@ class Settings:
     max_autotune: bool = False
     warm_compile: bool = True
     fg_mode: str = "default"
+    variants: str = ""            # comma-separated substrings selecting ResNet variants ("" = the group's all)
+    gpt2_batch: int = 8
+    deadline: float = float("inf")  # perf_counter time after which implementations are skipped (--budget-s)
+    progress: str = ""            # JSON-lines file each measured row is appended to as soon as it exists
+    context: str = ""             # the target/variant being measured, written with each progress row
 
 
 S = Settings()
@@ -127,6 +132,10 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
     eager_err = None
     for impl in impls:
         row: dict[str, Any] = {"impl": impl.name}
+        if time.perf_counter() > S.deadline:
+            row.update(ok=False, error="skipped: past --budget-s (rerun this group with --variants or --quick)")
+            rows.append(row)
+            continue
         try:
             if impl.compiled:
                 torch._dynamo.reset()
@@ -160,6 +169,9 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
             row.update(ok=False, error=f"{type(err).__name__}: {str(err)[:400]}")
         print("   ", json.dumps({k: v for k, v in row.items() if k != "kernels"}, default=str), flush=True)
         rows.append(row)
+        if S.progress:
+            with open(S.progress, "a") as f:
+                f.write(json.dumps({"context": S.context, **row}, default=str) + "\n")
     return rows
 
 
@@ -239,6 +251,8 @@ def resnet_group(group: str) -> list[dict[str, Any]]:
     size = "tiny" if S.cpu else "full"
     batch, res = (2, 32) if S.cpu else (32 if S.quick else 128, 224)
     variants = RESNET_GROUPS[group][:1] if S.cpu else RESNET_GROUPS[group]
+    if S.variants:
+        variants = tuple(v for v in variants if any(w.strip() in v for w in S.variants.split(",")))
     base = resnet50(size).eval().to(S.device)
     flops = 8.2e9 * batch if size == "full" else None  # ~4.1 GMACs per 224x224 image
     out = []
@@ -262,6 +276,7 @@ def resnet_group(group: str) -> list[dict[str, Any]]:
                 return m(xin)
 
         print(f"\n== ResNet-50 {variant}, batch {batch}", flush=True)
+        S.context = f"resnet50 {variant} batch {batch}"
         tol = FP32_TOL if dtype == torch.float32 and not tf32 else LOW_TOL
         rows = run_impls(torch_compile_impls(make_module, call), lambda fn: [fn()], reference, tol, flops)
         label = f"{variant} (CPU smoke: fp32, tiny ResNet-50)" if S.cpu else variant
@@ -333,7 +348,7 @@ class TrainStep:
 
 def gpt2_group(group: str) -> list[dict[str, Any]]:
     size = "tiny" if S.cpu else "full"
-    batch, seq = (2, 16) if S.cpu else (2 if S.quick else 8, 1024)
+    batch, seq = (2, 16) if S.cpu else (2 if S.quick else S.gpt2_batch, 1024)
     base = LMWithLoss(gpt2(size)).to(S.device)
     vocab = base.lm.model.config.vocab_size if hasattr(base.lm, "model") else 50257
     ids = torch.randint(0, vocab, (batch, seq), device=S.device)
@@ -361,6 +376,7 @@ def gpt2_group(group: str) -> list[dict[str, Any]]:
     impls.append(Impl("fusegraph" if S.fg_mode == "default" else f"fusegraph {S.fg_mode}",
                       make(lambda m: fg.compile(m, mode=S.fg_mode))))
     print(f"\n== GPT-2 training step, batch {batch} x {seq}, {n_params / 1e6:.1f}M parameters", flush=True)
+    S.context = f"gpt2_train batch {batch}x{seq}"
     rows = run_impls(impls, lambda fn: fn.loss_and_grads(), reference, LOW_TOL if autocast else FP32_TOL, flops)
     peak = 989.4e12  # H200 dense bf16 (fusegraph.perf.devices)
     try:
@@ -439,6 +455,7 @@ def llama_decode_group(group: str) -> list[dict[str, Any]]:
     weight_bytes = sum(p.numel() for p in base.parameters()) * 2
     cache_bytes = 2 * base.k_cache.numel() * 2
     print(f"\n== Llama decode step, {size}, KV cache {size.seq} positions", flush=True)
+    S.context = f"llama_decode {size}"
     rows = run_impls(impls, lambda fn: fn.checked(), ref_out, LOW_TOL if dtype != torch.float32 else FP32_TOL)
     floor_ms = (weight_bytes + cache_bytes) / 4.2e12 * 1e3  # bytes / measured copy bandwidth (BENCHMARKS.md)
     return [{"target": "llama_decode_step", "variant": f"{size}, {str(dtype)[6:]}, index_copy_ KV cache", "batch": 1,
@@ -494,8 +511,16 @@ def main() -> int:
                         help="also torch.compile mode=max-autotune-no-cudagraphs (ResNet-50: ~5 min of compile)")
     parser.add_argument("--no-warm-compile", action="store_true", help="skip the warm-cache compile timing")
     parser.add_argument("--fg-mode", default="default", help="fg.compile mode for the fusegraph rows")
+    parser.add_argument("--variants", default="", help="ResNet variants to run: comma-separated substrings of "
+                        f"{'; '.join(RESNET_VARIANTS)}")
+    parser.add_argument("--gpt2-batch", type=int, default=8, help="GPT-2 batch (BENCHMARKS.md uses 16)")
+    parser.add_argument("--budget-s", type=float, default=540.0,
+                        help="skip implementations not started within this many seconds (default 540: the JSON "
+                             "and table are still written inside one 10-minute GPU call)")
     args = parser.parse_args()
     S.cpu, S.quick, S.max_autotune, S.fg_mode = args.cpu_smoke, args.quick, args.max_autotune, args.fg_mode
+    S.variants, S.gpt2_batch = args.variants, args.gpt2_batch
+    S.deadline = time.perf_counter() + args.budget_s
     S.device = "cpu" if args.cpu_smoke else "cuda"
     S.warm_compile = not (args.quick or args.no_warm_compile)
     if not S.cpu and not torch.cuda.is_available():
@@ -503,6 +528,10 @@ def main() -> int:
         return 2
     info = versions()
     print(info, flush=True)
+    out_dir = os.environ.get("OUT") or ("/tmp" if S.cpu else os.path.join(os.path.dirname(__file__), "results"))
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"targets_{'cpu_' if S.cpu else ''}{time.strftime('%Y%m%d_%H%M%S')}")
+    S.progress = stem + "_progress.jsonl"
     results: list[dict[str, Any]] = []
     for group in [g.strip() for g in args.only.split(",") if g.strip()]:
         start = time.perf_counter()
@@ -516,13 +545,12 @@ def main() -> int:
     command = "python bench/targets_gpu.py " + " ".join(sys.argv[1:])
     table = markdown(results, info, command)
     print("\n" + table)
-    out_dir = os.environ.get("OUT") or ("/tmp" if S.cpu else os.path.join(os.path.dirname(__file__), "results"))
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"targets_{'cpu_' if S.cpu else ''}{time.strftime('%Y%m%d_%H%M%S')}")
     with open(stem + ".json", "w") as f:
         json.dump({"versions": info, "command": command, "results": results}, f, indent=1, default=str)
     with open(stem + ".md", "w") as f:
         f.write(table + "\n")
+    if os.path.exists(S.progress):  # the rows are all in the JSON now
+        os.remove(S.progress)
     print(f"wrote {stem}.json and .md")
     return 0 if all(r.get("ok") for res in results for r in res["rows"]) else 1
 
