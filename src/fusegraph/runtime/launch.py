@@ -8,6 +8,7 @@ straight to the compiled kernel's `run`, skipping the JIT's per-call argument bi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,14 +34,27 @@ class TritonLaunch:
         self.device = torch.device(device)
         self.fast = fast and self.device.type == "cuda"
         self._compiled: list[Callable[..., None]] | None = None
+        # output k is written into args[into[k]] when that is not None (in place; runtime/memory.py)
+        self.into: tuple[int | None, ...] = ()
 
-    def allocate(self) -> list[torch.Tensor]:
+    def reusing(self, into: Sequence[int | None]) -> TritonLaunch:
+        """A launcher of the same kernel that writes output k into its input into[k] (None: a new
+        buffer). Only for elementwise kernels whose output and input have one shape, dtype and strides."""
+        clone = copy.copy(self)
+        clone.into = tuple(into)
+        return clone
+
+    def allocate(self, args: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
         dev = self.device
-        outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev) for shape, strides, dt in self.out_specs]
+        if self.into:
+            outs = [args[j] if j is not None else torch.empty_strided(shape, strides, dtype=dt, device=dev)
+                    for (shape, strides, dt), j in zip(self.out_specs, self.into, strict=True)]
+        else:
+            outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev) for shape, strides, dt in self.out_specs]
         return outs + [torch.empty(shape, dtype=torch.float32, device=dev) for shape in self.workspaces]
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        buffers = self.allocate()
+        buffers = self.allocate(args)
         compiled = self._compiled
         if compiled is not None:
             consts = self.const_values

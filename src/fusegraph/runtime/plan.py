@@ -20,6 +20,7 @@ from ..ir.spec import TensorSpec, contiguous_strides
 from .cuda_graph import GraphRunner, check_graph_outputs, decide, log
 from .guards import check_inputs, resolve_feeds
 from .kernel import Kernel
+from .memory import MemoryPlan, plan_schedule
 
 
 class Plan:
@@ -27,7 +28,7 @@ class Plan:
                  input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = (), *,
                  static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None,
                  cuda_graphs: bool | None = None, graph_outputs: str = "copy",
-                 static_inputs: Sequence[int] = ()) -> None:
+                 static_inputs: Sequence[int] = (), inplace: bool = True) -> None:
         self.graph = graph
         self.kernels = kernels
         self.device = device
@@ -35,13 +36,17 @@ class Plan:
         self.input_handles = list(input_handles) or list(graph.inputs)
         self.output_handles = list(output_handles) or list(graph.outputs)
         self._schedule = self._assign_slots()
+        # the memory plan; elementwise kernels whose input dies there write into it (runtime/memory.py)
+        self._launches: dict[int, Any] = {}
+        self.memory = self._plan_memory(inplace)
         self._rebuild = rebuild
         self._variants: dict[tuple[Any, ...], Plan] = {}
         # what the fast input check compares: (shape, strides, dtype) per input, and the device kind
         self._expect = tuple((torch.Size(n.shape), n.spec.memory_strides, dtypes.to_torch(n.dtype))
                              for n in graph.inputs)
         self._cuda = torch.device(device).type == "cuda"
-        self._steps = tuple((k.launch, ins, outs, frees) for k, ins, outs, frees in self._with_frees())
+        self._steps = tuple((self._launches.get(step, k.launch), ins, outs, frees)
+                            for step, (k, ins, outs, frees) in enumerate(self._with_frees()))
         self._run_fast = self._compile_run()
         # inputs a CUDA graph reads in place instead of copying (weights; runtime/cuda_graph.py)
         self.static_inputs = tuple(sorted(set(static_inputs)))
@@ -119,14 +124,21 @@ class Plan:
         return lines, env
 
     def _with_frees(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
-        """Each step also lists the slots whose last reader it is (dropped after it, not outputs)."""
+        """Each step also lists the slots whose last reader it is (dropped after it, not outputs),
+        and its own outputs that nothing reads (dropped at once)."""
         last: dict[int, int] = {}
-        for step, (_, ins, _) in enumerate(self._schedule):
-            for i in ins:
+        for step, (_, ins, outs) in enumerate(self._schedule):
+            for i in (*outs, *ins):
                 last[i] = step
         keep = set(self._out_slots) | set(range(len(self.graph.inputs)))
-        return [(k, ins, outs, tuple(i for i in set(ins) if last[i] == step and i not in keep))
+        return [(k, ins, outs, tuple(sorted(i for i in {*ins, *outs} if last[i] == step and i not in keep)))
                 for step, (k, ins, outs) in enumerate(self._schedule)]
+
+    def _plan_memory(self, inplace: bool) -> MemoryPlan:
+        """Liveness and arena offsets of the schedule's buffers; with `inplace`, the launchers of
+        eligible elementwise kernels are replaced by ones writing into a dying input."""
+        return plan_schedule(self._schedule, self.graph.inputs, self._out_slots,
+                             self._launches if inplace else None)
 
     def _assign_slots(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...]]]:
         """Give every value a slot: inputs first, then each kernel's outputs in launch order."""
@@ -213,10 +225,10 @@ class Plan:
     def explain(self) -> str:
         from ..perf.explain import explain_plan
 
-        return explain_plan(self)
+        return f"{explain_plan(self)}\n{self.memory.summary()}"
 
     def __str__(self) -> str:
-        return format_plan(self)
+        return f"{format_plan(self)}\n  {self.memory.summary()}"
 
     @property
     def nodes(self) -> tuple[Node, ...]:
