@@ -133,7 +133,12 @@ class _FakeGraph:
              use_causal_mask: bool = False) -> tuple[_FakeTensor, None]:
         self.ops.append(("sdpa", attn_scale, generate_stats, use_causal_mask))
         self.out = _FakeTensor("o", [], [])
-        return self.out, None
+        return self.out, (_FakeTensor("stats", [], []) if generate_stats else None)
+
+    def sdpa_backward(self, name: str, q: Any, k: Any, v: Any, o: Any, dO: Any, stats: Any, attn_scale: float,
+                      use_causal_mask: bool = False) -> list[_FakeTensor]:
+        self.ops.append(("sdpa_backward", attn_scale, use_causal_mask))
+        return [_FakeTensor(n, [], []) for n in ("dq", "dk", "dv")]
 
     def _step(self, step: str) -> None:
         self.steps.append(step)
@@ -150,10 +155,22 @@ class _FakeGraph:
     def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
         by_name = {t.name: v for t, v in bindings.items()}
         if self.ops[0][0] == "sdpa":
-            _, scale, _, causal = self.ops[0]
+            _, scale, stats, causal = self.ops[0]
             q, k, v = (by_name[n].float() for n in "qkv")
             by_name["o"].copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
                                * (self.wrong or 1.0))
+            if stats:
+                by_name["stats"].fill_(1.0)
+            return
+        if self.ops[0][0] == "sdpa_backward":
+            _, scale, causal = self.ops[0]
+            assert bool((by_name["stats"] == 1.0).all())   # the forward plan's statistics reached it
+            qkv = [by_name[n].float().requires_grad_(True) for n in "qkv"]
+            with torch.enable_grad():
+                out = F.scaled_dot_product_attention(*qkv, is_causal=causal, scale=scale)
+                grads = torch.autograd.grad(out, qkv, by_name["dO"].float())
+            for n, gr in zip(("dq", "dk", "dv"), grads, strict=True):
+                by_name[n].copy_(gr)
             return
         _, padding, stride, dilation = self.ops[0]
         y = F.conv2d(by_name["x"].float(), by_name["w"].float(), by_name["b"].float().flatten(), stride=stride,
@@ -241,3 +258,16 @@ def test_the_sdpa_graph_we_describe_and_its_agreement_check(monkeypatch: pytest.
     monkeypatch.setattr(_FakeGraph, "wrong", 1.5)
     with pytest.raises(ValueError, match="cuDNN frontend SDPA"):
         cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")
+
+
+def test_the_sdpa_backward_plans_compute_the_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cudnn(monkeypatch, fail_at=None)
+    g = fg.Graph(name="attn_bwd")
+    dy, q, k, v, o = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in ("dy", "q", "k", "v", "o"))
+    dq, _, _ = g.sdpa_backward(dy, q, k, v, o, is_causal=True)
+    dq.set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "sdpa_backward")
+    problem = attention_problem(node)
+    assert cudnn_frontend.sdpa_unsupported(node, problem) is None
+    launch = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
+    cudnn_frontend._check_sdpa_backward(launch, node, problem, "cpu", "attn_bwd")   # gradients agree

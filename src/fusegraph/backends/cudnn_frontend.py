@@ -188,33 +188,40 @@ def _conv_plan(node: Node, activation: str, out_strides: tuple[int, ...], device
     return launch
 
 
-# ---- scaled dot-product attention forward ----
+# ---- scaled dot-product attention forward and backward ----
 
 def sdpa_unsupported(node: Node, problem: Any) -> str | None:
-    """Why an attention node is not a frontend SDPA candidate, or None."""
-    if node.op != "scaled_dot_product_attention":
-        return f"{node.op}: the frontend candidate covers the forward only"
-    if node.attrs.get("return_lse", False):
+    """Why an attention node (forward or backward) is not a frontend SDPA candidate, or None."""
+    if node.op not in ("scaled_dot_product_attention", "sdpa_backward"):
+        return f"{node.op} is not attention"
+    if node.op == "scaled_dot_product_attention" and node.attrs.get("return_lse", False):
         return "the log-sum-exp output is not produced by this candidate"
     if problem.mask_kind:
         return "masked attention (only causal or no mask)"
-    if node.dtype not in ("float16", "bfloat16"):
-        return f"dtype {node.dtype} (fp16/bf16 only)"
+    dtype = _q(node).dtype
+    if dtype not in ("float16", "bfloat16"):
+        return f"dtype {dtype} (fp16/bf16 only)"
     d, dv = problem.head_dim, problem.head_dim_v
     if d % 8 or dv % 8 or max(d, dv) > 256:
         return f"head dims {d}/{dv} (multiples of 8 up to 256)"
     return None
 
 
+def _q(node: Node) -> Node:
+    return node.inputs[1] if node.op == "sdpa_backward" else node.inputs[0]
+
+
 def sdpa_candidate(node: Node, problem: Any, device: str, name: str) -> Launch | None:
-    """A launch (args = q, k, v as in the node) running cuDNN SDPA forward; None when not offered."""
+    """A launch (args as the node's inputs) running cuDNN SDPA forward, or for sdpa_backward the
+    forward with statistics then the backward; None (with a debug reason) when not offered."""
     why = unavailable(device) or sdpa_unsupported(node, problem)
     if why is not None:
         debug(name, why)
         return None
     try:
-        launch = _sdpa_plan(node, problem, torch.device(device))
-        _check_sdpa(launch, node, problem, device, name)
+        backward = node.op == "sdpa_backward"
+        launch = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device))
+        (_check_sdpa_backward if backward else _check_sdpa)(launch, node, problem, device, name)
         return launch
     except Exception as err:  # build failure, or results that differ from torch's: not offered
         debug(name, f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}")
@@ -235,15 +242,20 @@ def _check_sdpa(launch: Launch, node: Node, problem: Any, device: str, name: str
     check_same(launch([q, k, v]), [want], f"{name} cuDNN frontend SDPA")
 
 
-def _causal_sdpa(graph: Any, cudnn: Any, q: Any, k: Any, v: Any, scale: float, causal: bool) -> Any:
+def _causal_sdpa(graph: Any, cudnn: Any, q: Any, k: Any, v: Any, scale: float, causal: bool,
+                 stats: bool = False) -> Any:
     """graph.sdpa, causal top-left aligned (torch's is_causal); newer frontends name the mask a band."""
-    kw = {"name": "sdpa", "q": q, "k": k, "v": v, "attn_scale": scale, "generate_stats": False}
+    kw = {"name": "sdpa", "q": q, "k": k, "v": v, "attn_scale": scale, "generate_stats": stats}
+    return _with_causal(graph.sdpa, cudnn, kw, causal)
+
+
+def _with_causal(op: Any, cudnn: Any, kw: dict[str, Any], causal: bool) -> Any:
     if not causal:
-        return graph.sdpa(**kw)
+        return op(**kw)
     try:
-        return graph.sdpa(**kw, use_causal_mask=True)
+        return op(**kw, use_causal_mask=True)
     except TypeError:
-        return graph.sdpa(**kw, diagonal_band_right_bound=0, diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT)
+        return op(**kw, diagonal_band_right_bound=0, diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT)
 
 
 def _sdpa_plan(node: Node, problem: Any, device: torch.device) -> Launch:
@@ -272,3 +284,76 @@ def _sdpa_plan(node: Node, problem: Any, device: torch.device) -> Launch:
         return [result]
 
     return launch
+
+
+def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device) -> Launch:
+    """Two plans: the forward with its softmax statistics (cuDNN's backward needs them; like torch's
+    backward, the forward is recomputed), then the backward. Args: grad_out, q, k, v, out."""
+    cudnn = _load()[0]
+    dt = _data_type(cudnn, _q(node).dtype)
+    fp32 = cudnn.data_type.FLOAT
+    handle = _handle(cudnn, device)
+    specs = [i.spec for i in node.inputs[1:4]]
+    dout_spec = node.inputs[0].spec
+    o_shape = (*specs[0].shape[:-1], specs[2].shape[-1])
+    o_strides = strides_for_order(o_shape, (0, 1, 2, 3))
+    st_shape = (*specs[0].shape[:-1], 1)
+    st_strides = strides_for_order(st_shape, (0, 1, 2, 3))
+
+    def new_graph() -> Any:
+        return cudnn.pygraph(io_data_type=dt, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+
+    def inputs(graph: Any) -> list[Any]:
+        return [graph.tensor(name=n, dim=list(s.shape), stride=list(s.memory_strides), data_type=dt)
+                for n, s in zip("qkv", specs, strict=True)]
+
+    fwd = new_graph()
+    fq, fk, fv = inputs(fwd)
+    fo, fstats = _causal_sdpa(fwd, cudnn, fq, fk, fv, float(problem.scale), bool(problem.causal), stats=True)
+    fo.set_output(True).set_data_type(dt).set_dim(list(o_shape)).set_stride(list(o_strides))
+    fstats.set_output(True).set_data_type(fp32).set_dim(list(st_shape)).set_stride(list(st_strides))
+    _build(fwd, cudnn)
+    bwd = new_graph()
+    bq, bk, bv = inputs(bwd)
+    bo = bwd.tensor(name="o", dim=list(o_shape), stride=list(o_strides), data_type=dt)
+    bdo = bwd.tensor(name="dO", dim=list(dout_spec.shape), stride=list(dout_spec.memory_strides), data_type=dt)
+    bstats = bwd.tensor(name="stats", dim=list(st_shape), stride=list(st_strides), data_type=fp32)
+    kw = {"name": "sdpa_backward", "q": bq, "k": bk, "v": bv, "o": bo, "dO": bdo, "stats": bstats,
+          "attn_scale": float(problem.scale)}
+    grads = _with_causal(bwd.sdpa_backward, cudnn, kw, bool(problem.causal))
+    grad_specs = list(node.specs)
+    for t, spec in zip(grads, grad_specs, strict=True):
+        t.set_output(True).set_data_type(dt).set_dim(list(spec.shape)).set_stride(list(spec.memory_strides))
+    _build(bwd, cudnn)
+    fwd_plan, bwd_plan = FrontendPlan(cudnn, fwd, handle, device), FrontendPlan(cudnn, bwd, handle, device)
+    wanted = [dout_spec.memory_strides, *(s.memory_strides for s in specs)]
+
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        grad, q, k, v = (t if tuple(t.stride()) == st else torch.empty_strided(t.shape, st, dtype=t.dtype,
+                                                                               device=t.device).copy_(t)
+                         for t, st in zip(args[:4], wanted, strict=True))
+        o = torch.empty_strided(o_shape, o_strides, dtype=q.dtype, device=q.device)
+        stats = torch.empty_strided(st_shape, st_strides, dtype=torch.float32, device=q.device)
+        fwd_plan({fq: q, fk: k, fv: v, fo: o, fstats: stats})
+        outs = [torch.empty_strided(s.shape, s.memory_strides, dtype=q.dtype, device=q.device) for s in grad_specs]
+        bwd_plan({bq: q, bk: k, bv: v, bo: o, bdo: grad, bstats: stats, **dict(zip(grads, outs, strict=True))})
+        return [tuple(outs)]
+
+    return launch
+
+
+def _check_sdpa_backward(launch: Launch, node: Node, problem: Any, device: str, name: str) -> None:
+    """Gradients on example inputs against torch's SDPA autograd (ValueError when they differ)."""
+    import torch.nn.functional as F
+
+    from ..lower import _example_inputs
+    from .matmul_kernel import check_same
+
+    grad, q, k, v = _example_inputs(list(node.inputs[:4]), device)
+    with torch.enable_grad():
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(problem.causal), scale=float(problem.scale),
+                                             enable_gqa=problem.heads != problem.kv_heads)
+        want = torch.autograd.grad(out, (qg, kg, vg), grad)
+    (got,) = launch([grad, q, k, v, *_example_inputs(list(node.inputs[4:5]), device)])
+    check_same(list(got), list(want), f"{name} cuDNN frontend SDPA backward")
