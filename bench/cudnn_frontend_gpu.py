@@ -7,6 +7,8 @@
                   fusegraph plan (which autotunes the frontend plan against torch conv + our epilogue)
   sdpa_causal     cuDNN frontend SDPA causal forward, B4 H16 S4096 D128 bf16, TFLOP/s vs torch SDPA's
                   cuDNN, FlashAttention and efficient backends (FLOPs = 4*B*H*S*S*D / 2)
+  sdpa_causal_bwd the same shape's backward: our frontend candidate (forward with statistics, then the
+                  backward plan) vs torch SDPA forward + backward per backend (both recompute the forward)
   basic_block     resnet basic block (conv-bn-relu-conv-bn-add-relu, fp16, NCHW user tensors
                   32x64x56x56): fusegraph with the layout pass (auto: NHWC inside) vs conv_layout=NCHW,
                   and vs eager torch NCHW / channels-last
@@ -173,6 +175,53 @@ def bench_sdpa_causal(small: bool) -> dict[str, Any]:
     return row
 
 
+def bench_sdpa_causal_bwd(small: bool) -> dict[str, Any]:
+    bsz, h, s, d = (2, 8, 1024, 128) if small else (4, 16, 4096, 128)
+    q, k, v, dy = (torch.randn(bsz, h, s, d, device="cuda", dtype=BF16) for _ in range(4))
+    flops = 2.5 * 4 * bsz * h * s * s * d / 2
+    row: dict[str, Any] = {"workload": "sdpa_causal_bwd", "shape": f"B{bsz} H{h} S{s} D{d} bf16 causal",
+                           "ms": {}, "rel_err": {}, "notes": {}}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fusegraph.backends.attention_kernel import attention_problem
+
+    def torch_bwd(backend: Any) -> Callable[[], Any]:
+        def run() -> tuple[torch.Tensor, ...]:
+            qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+            return torch.autograd.grad(out, (qg, kg, vg), dy)
+        return run
+
+    ref = [t.float() for t in torch_bwd(SDPBackend.FLASH_ATTENTION)()]
+    g = fg.Graph(name="sdpa_bwd")
+    dys, qs, ks, vs, os_ = (g.tensor((bsz, h, s, d), dtype="bfloat16", name=nm) for nm in ("dy", "q", "k", "v", "o"))
+    g.sdpa_backward(dys, qs, ks, vs, os_, is_causal=True)[0].set_output()
+    node = next(nd for nd in g.to_ir().nodes if nd.op == "sdpa_backward")
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    runs: dict[str, Callable[[], Any]] = {}
+    start = time.perf_counter()
+    with override(debug=1):
+        fe = cudnn_frontend.sdpa_candidate(node, attention_problem(node), "cuda", "sdpa_causal_bwd")
+    row["notes"]["frontend_build_s"] = round(time.perf_counter() - start, 3)
+    if fe is not None:
+        runs["cuDNN frontend SDPA bwd (ours, fwd recompute + bwd)"] = lambda: fe([dy, q, k, v, o])[0]
+    for label, backend in (("torch SDPA cudnn (fwd + bwd)", SDPBackend.CUDNN_ATTENTION),
+                           ("torch SDPA flash (fwd + bwd)", SDPBackend.FLASH_ATTENTION),
+                           ("torch SDPA efficient (fwd + bwd)", SDPBackend.EFFICIENT_ATTENTION)):
+        runs[label] = torch_bwd(backend)
+    for label, fn in runs.items():
+        try:
+            got = fn()
+            row["rel_err"][label] = max(rel_err(a.float(), b) for a, b in zip(got, ref, strict=True))
+            row["ms"][label] = device_ms(fn)
+        except Exception as err:
+            row["notes"][label] = f"{type(err).__name__}: {str(err)[:200]}"
+    row["tflops_bwd_flops_over_fwd_plus_bwd_time"] = {k: flops / v / 1e9 for k, v in row["ms"].items()}
+    row["ok"] = all(e <= 2e-2 for e in row["rel_err"].values())
+    return row
+
+
 def bench_basic_block(small: bool) -> dict[str, Any]:
     n, c, hw = (8, 32, 28) if small else (32, 64, 56)
     g = fg.Graph(name="basic_block", compute_dtype="float32")
@@ -222,13 +271,13 @@ def bench_basic_block(small: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="small shapes (a quick check)")
-    parser.add_argument("--only", default="conv_bias_relu,sdpa_causal,basic_block")
+    parser.add_argument("--only", default="conv_bias_relu,sdpa_causal,sdpa_causal_bwd,basic_block")
     args = parser.parse_args()
     torch.manual_seed(0)
     result: dict[str, Any] = {"versions": versions(), "rows": []}
     print(json.dumps(result["versions"], indent=1), flush=True)
     benches = {"conv_bias_relu": bench_conv_bias_relu, "sdpa_causal": bench_sdpa_causal,
-               "basic_block": bench_basic_block}
+               "sdpa_causal_bwd": bench_sdpa_causal_bwd, "basic_block": bench_basic_block}
     for name in args.only.split(","):
         start = time.perf_counter()
         try:
