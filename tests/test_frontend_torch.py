@@ -407,3 +407,48 @@ def test_modes_run_the_same_model():
         compiled = fg.compile(model, mode=mode, options={"fuse": True})
         with torch.no_grad():
             assert_close(compiled(x), model(x))
+
+
+# Ops found missing by the model zoo (bench/zoo.py --cpu-smoke): (name, function, inputs, ATen op compiled)
+ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
+    ("max_pool2d k3 s2 p1", lambda x: F.max_pool2d(x, 3, 2, 1), (rand(2, 3, 9, 9),),
+     "aten.max_pool2d_with_indices.default"),
+    ("max_pool2d k2 ceil_mode", lambda x: F.max_pool2d(x, 2, ceil_mode=True), (rand(1, 2, 7, 5),),
+     "aten.max_pool2d_with_indices.default"),
+    ("avg_pool2d k2 s2", lambda x: F.avg_pool2d(x, 2), (rand(2, 3, 8, 6),), "aten.avg_pool2d.default"),
+    ("avg_pool2d k3 p1 no pad count", lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+     (rand(1, 2, 5, 6),), "aten.avg_pool2d.default"),
+    ("avg_pool2d k3 s2 ceil_mode", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), (rand(1, 2, 6, 6),),
+     "aten.avg_pool2d.default"),
+    ("index one tensor", lambda x, i: x[:, i] * 2, (rand(3, 5, 4), torch.tensor([[4, 0], [1, -1]])),
+     "aten.index.Tensor"),
+    ("index two tensors", lambda x, i, j: x[i, j] + 1,
+     (rand(4, 5, 2), torch.tensor([0, 3, 1, -2]), torch.tensor([[1], [-1]])),
+     "aten.index.Tensor"),
+    ("as_strided transpose", lambda x: torch.as_strided(x * 2, (6, 4), (1, 6)) + 1, (rand(4, 6),),
+     "aten.as_strided.default"),
+    ("maximum minimum", lambda a, b: torch.maximum(a, b) - torch.minimum(a, b * 2), (rand(3, 4), rand(3, 4)),
+     "aten.maximum.default"),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs,op", ZOO_OP_ROWS, ids=[r[0] for r in ZOO_OP_ROWS])
+def test_zoo_ops_translate(name: str, fn: Any, inputs: tuple[torch.Tensor, ...], op: str):
+    compiled = fg.compile(fn)
+    assert_close(compiled(*inputs), fn(*inputs), what=name)
+    report = compiled.fusegraph_report
+    assert report.fallback_ops == {}, report.fallback_ops
+    assert op in report.compiled_ops
+
+
+def test_max_pool_training_falls_back_cleanly():
+    """The backward of max_pool2d reads its indices: the forward pool and its backward run in torch, the
+    rest compiles, gradients match."""
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.Flatten(),
+                          nn.Linear(3 * 4 * 4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        compiled = _check_training(model, rand(2, 2, 8, 8))
+    fallbacks = compiled.fusegraph_report.fallback_ops
+    assert "indices" in fallbacks["aten.max_pool2d_with_indices.default"]
+    assert "aten.convolution.default" in compiled.fusegraph_report.compiled_ops

@@ -83,20 +83,7 @@ def _max_pool2d(cx: Ctx, x: Any, kernel_size: Any, stride: Any = None, padding: 
     return (out, None)
 
 
-def _avg_pool_supports(node: torch.fx.Node) -> str | None:
-    args = list(node.args) + [None] * 7
-    ceil_mode = bool(args[4] if args[4] is not None else node.kwargs.get("ceil_mode", False))
-    if ceil_mode:
-        (kh, kw), (sh, sw), (ph, pw) = _pool_geometry(node)
-        x: Any = node.args[0]
-        h, w = x.meta["val"].shape[-2:]
-        oh, ow = node.meta["val"].shape[-2:]
-        if (oh - 1) * sh + kh > h + 2 * ph or (ow - 1) * sw + kw > w + 2 * pw:
-            return "avg_pool2d with ceil_mode windows past the padding"
-    return None
-
-
-@translates(aten.avg_pool2d.default, supports=_avg_pool_supports)
+@translates(aten.avg_pool2d.default)
 def _avg_pool2d(cx: Ctx, x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                 count_include_pad: bool = True, divisor_override: Any = None) -> Any:
     kernel, strides, pads = _pool_geometry(cx.node)
@@ -107,14 +94,17 @@ def _avg_pool2d(cx: Ctx, x: Any, kernel_size: Any, stride: Any = None, padding: 
         total = cx.g.add(total, v)
     if divisor_override:
         return cx.g.div(total, float(divisor_override))
-    if count_include_pad or pads == (0, 0):
-        return cx.g.div(total, float(kernel[0] * kernel[1]))
-    # windows over the padding count only the real elements: a per-position divisor, computed here
+    # torch's divisor per output position (the window's size clipped to the padded input, or to the input
+    # without count_include_pad): sum of ones / average of ones over the same windows, computed here
     h, w = x.shape[-2:]
-    ones = torch.ones(1, 1, h, w, dtype=torch.float32)
-    counts = torch.nn.functional.avg_pool2d(ones, kernel, strides, pads, ceil_mode, True) * (kernel[0] * kernel[1])
-    divisor = cast_to(cx, cx.g.constant(counts.reshape((1,) * (len(cx.shape) - 2) + cx.shape[-2:])), cx.dtype)
-    return cx.g.div(total, cx.g.expand(divisor, cx.shape))
+    ones = torch.ones(1, 1, h, w, dtype=torch.float64)
+    sums = torch.nn.functional.avg_pool2d(ones, kernel, strides, pads, ceil_mode, True, 1)
+    means = torch.nn.functional.avg_pool2d(ones, kernel, strides, pads, ceil_mode, count_include_pad)
+    counts = (sums / means).round()
+    if bool((counts == kernel[0] * kernel[1]).all()):
+        return cx.g.div(total, float(kernel[0] * kernel[1]))
+    divisor = cx.g.constant(counts.to(torch.float32).reshape((1,) * (len(cx.shape) - 2) + cx.shape[-2:]))
+    return cx.g.div(total, cx.g.expand(cast_to(cx, divisor, cx.dtype), cx.shape))
 
 
 # ---------------- indexing ----------------
