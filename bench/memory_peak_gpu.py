@@ -10,7 +10,11 @@ small conv net, each in inference (torch.no_grad) and one training step (forward
 Measured peak (GPU): after warm-up calls (compilation), torch.cuda.reset_peak_memory_stats(), one
 call, torch.cuda.max_memory_allocated() minus torch.cuda.memory_allocated() before the call, so the
 resident inputs and weights (and, for training, the gradients of the previous step, dropped with
-zero_grad(set_to_none=True)) are not counted; the returned output and the new gradients are.
+grad = None before the call) are not counted; the returned output and the new gradients are.
+Held: bytes still allocated after the warm-up calls beyond what was allocated before the first call
+(what a compiled object keeps between calls: build-time constants, a captured CUDA graph's buffers).
+For the Graph API block, "no inplace/graph" is the same Plan's kernels with in-place writes and CUDA
+graphs off (the effect of the in-place choice on the measured peak).
 
 Planned peak: every Plan fusegraph built for the workload reports plan.memory (runtime/memory.py):
 the max over its launch schedule of live intermediates + outputs. A Plan's peak ignores what torch
@@ -118,12 +122,23 @@ def workloads(device: str, smoke: bool) -> list[Workload]:
     ]
 
 
-def measure(fn: Callable[[], Any], device: str, warmup: int = 2) -> int | None:
-    """Peak bytes allocated by one call beyond what was allocated before it (GPU only)."""
+def measure(fn: Callable[[], Any], device: str, prepare: Callable[[], None] = lambda: None,
+            warmup: int = 2) -> tuple[int | None, int | None]:
+    """(peak, held) on the GPU: peak = bytes allocated at most during one call beyond what was
+    allocated before it; held = bytes the compiled object keeps allocated between calls (constants,
+    CUDA-graph buffers), taken after the warm-up calls. (None, None) on the CPU."""
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        gc.collect()
+    start = torch.cuda.memory_allocated() if cuda else 0
     for _ in range(warmup):
-        fn()
-    if device != "cuda":
-        return None
+        prepare()
+        out = fn()
+        del out
+    if not cuda:
+        return None, None
+    prepare()
     torch.cuda.synchronize()
     gc.collect()
     before = torch.cuda.memory_allocated()
@@ -132,24 +147,27 @@ def measure(fn: Callable[[], Any], device: str, warmup: int = 2) -> int | None:
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del out
-    return int(peak)
+    return int(peak), int(before - start)
 
 
-def step_fn(model: Any, x: torch.Tensor, train: bool) -> Callable[[], Any]:
+def step_fn(model: Any, x: torch.Tensor, train: bool) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """The call to measure and what runs before it (training: drop the previous step's gradients)."""
     if not train:
         def infer() -> Any:
             with torch.no_grad():
                 return model(x)
-        return infer
+        return infer, lambda: None
 
-    def train_step() -> Any:
+    def drop_grads() -> None:
         for p in model.parameters():
             p.grad = None
+
+    def train_step() -> Any:
         out = model(x)
         loss = out.float().square().mean()
         loss.backward()
         return loss.detach()
-    return train_step
+    return train_step, drop_grads
 
 
 def plans_summary(plans: list[Any]) -> list[dict[str, Any]]:
@@ -168,10 +186,12 @@ def run_variant(w: Workload, variant: str, train: bool, device: str) -> dict[str
         model = fg.compile(model)
     first = len(BUILT)
     t0 = time.perf_counter()
-    peak = measure(step_fn(model, x, train), device)
+    fn, prepare = step_fn(model, x, train)
+    peak, held = measure(fn, device, prepare)
     plans = BUILT[first:]
     row: dict[str, Any] = {"workload": w.name, "mode": "train" if train else "infer", "variant": variant,
-                           "measured_peak_bytes": peak, "seconds": round(time.perf_counter() - t0, 2)}
+                           "measured_peak_bytes": peak, "held_bytes": held,
+                           "seconds": round(time.perf_counter() - t0, 2)}
     if variant == "fusegraph":
         row["plans"] = plans_summary(plans)
         row["planned_peak_bytes"] = max((p.memory.peak_live_bytes for p in plans), default=0)
@@ -184,16 +204,20 @@ def graph_api_block(device: str, smoke: bool) -> dict[str, Any]:
     dtype = torch.float32 if smoke else torch.bfloat16
     block = transformer_block(size, dtype, device)
     plan = block.graph.build(device=device)
+    plain = plan_module.Plan(plan.graph, plan.kernels, plan.device, inplace=False, cuda_graphs=False)
     tensors = list(block.feeds.values())
     named = block.named_tensors
-    peak = measure(lambda: plan(*tensors), device)
-    eager_peak = measure(lambda: block.eager(named), device)
-    compiled = torch.compile(block.eager)
-    compiled_peak = measure(lambda: compiled(named), device) if not smoke else None
+    peak, held = measure(lambda: plan(*tensors), device)
+    plain_peak, _ = measure(lambda: plain(*tensors), device)
+    with torch.no_grad():
+        eager_peak, _ = measure(lambda: block.eager(named), device)
+        compiled = torch.compile(block.eager)
+        compiled_peak, _ = measure(lambda: compiled(named), device) if not smoke else (None, None)
     return {"workload": "transformer_block (Graph API)", "mode": "infer", "variant": "fusegraph plan",
-            "measured_peak_bytes": peak, "eager_peak_bytes": eager_peak, "torch_compile_peak_bytes": compiled_peak,
-            "planned_peak_bytes": plan.memory.peak_live_bytes, "plans": plans_summary([plan]),
-            "memory": plan.memory.summary()}
+            "measured_peak_bytes": peak, "held_bytes": held, "cuda_graph": plan.cuda_graph_note,
+            "no_inplace_no_graph_peak_bytes": plain_peak, "eager_peak_bytes": eager_peak,
+            "torch_compile_peak_bytes": compiled_peak, "planned_peak_bytes": plan.memory.peak_live_bytes,
+            "plans": plans_summary([plan]), "memory": plan.memory.summary()}
 
 
 def _mb(n: int | None) -> str:
@@ -201,11 +225,13 @@ def _mb(n: int | None) -> str:
 
 
 def to_text(rows: list[dict[str, Any]], header: str) -> str:
-    lines = [header, f"{'workload':<30} {'mode':<6} {'variant':<15} {'measured peak':>14} {'planned peak':>13}"]
+    lines = [header, f"{'workload':<30} {'mode':<6} {'variant':<15} {'measured peak':>14} {'planned peak':>13} "
+                     f"{'held':>11}"]
     for r in rows:
         lines.append(f"{r['workload']:<30} {r['mode']:<6} {r['variant']:<15} {_mb(r['measured_peak_bytes']):>14} "
-                     f"{_mb(r.get('planned_peak_bytes')):>13}")
+                     f"{_mb(r.get('planned_peak_bytes')):>13} {_mb(r.get('held_bytes')):>11}")
         if "eager_peak_bytes" in r:
+            lines.append(f"{'':<30} {'':<6} {'no inplace/graph':<15} {_mb(r['no_inplace_no_graph_peak_bytes']):>14}")
             lines.append(f"{'':<30} {'':<6} {'eager':<15} {_mb(r['eager_peak_bytes']):>14}")
             lines.append(f"{'':<30} {'':<6} {'torch.compile':<15} {_mb(r['torch_compile_peak_bytes']):>14}")
         for p in r.get("plans", []):

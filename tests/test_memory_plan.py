@@ -227,3 +227,27 @@ def test_cuda_graph_path_untouched_on_cpu() -> None:
     out_b, out_a = plan(xt, wt)
     assert_close(out_a, ref[a], what="exp*x")
     assert_close(out_b, ref[b], what="matmul")
+
+
+def test_view_kernels_alias_their_input() -> None:
+    """Kernels of kind "view" (strided aliases, lower.py) have no buffer of their own and keep their
+    input's buffer live; a view of a graph input is never written in place."""
+    import dataclasses
+
+    g = fg.Graph(name="view_kind", compute_dtype="float32")
+    x = g.tensor((8, 32), dtype="float32", name="x")
+    r = g.reshape(g.exp(x), (4, 64))
+    y = g.neg(r)
+    y.set_output()
+    built = g.build(fuse=False)
+    kernels = [dataclasses.replace(k, kind="view", backend="torch") if k.ops == ["reshape"] else k
+               for k in built.kernels]
+    plan = Plan(built.graph, kernels, built.device)
+    assert plan.memory.num_buffers == 1 and plan.memory.buffers[0].members == (1, 2)
+    # the same view taken of the graph input: no buffer at all (the input is resident)
+    steps_view_of_input = [Step((0,), (1,)), Step((1,), (2,))]
+    mem = plan_memory(steps_view_of_input, {0: 1024, 1: 1024, 2: 1024}, [0], [2], view_of={1: 0})
+    assert mem.num_buffers == 0 and [b.slot for b in mem.buffers] == [2]
+    assert choose_inplace(steps_view_of_input, [2], {1: [0]}, {0}, {1: [(0, 0)]}) == {}
+    xt = rand(8, 32)
+    assert_close(plan(xt), -torch.exp(xt).reshape(4, 64), what="view plan")
