@@ -508,8 +508,17 @@ def _print_row(row: dict[str, Any]) -> None:
     for key in ("errors_vs_fp32", "compile_s", "peak_extra_mb", "notes", "fallback_ops", "jax"):
         if row.get(key):
             print(f"  {key}: {row[key]}")
-    for entry in row.get("memory", []):
-        print(f"  memory {entry}")
+    if row.get("memory"):
+        print(f"  {'S':>6s} {'fwd MiB':>9s} {'fwd+bwd MiB':>12s} {'1st call':>9s} {'SxS MiB/head':>13s} "
+              f"{'torch cudnn':>12s} {'torch flash':>12s} {'fwd ms':>8s} {'TFLOP/s':>8s} {'err':>8s}")
+    for e in row.get("memory", []):
+        if "error" in e:
+            print(f"  {e['S']:6d} ERROR {e['error']}")
+            continue
+        print(f"  {e['S']:6d} {e['fwd_mb']:9.1f} {e['fwd_bwd_mb']:12.1f} {e['first_call_fwd_bwd_mb']:9.1f} "
+              f"{e['sxs_bf16_mb_per_head']:13.1f} {str(e.get('torch_cudnn_fwd_mb', '-'))[:12]:>12s} "
+              f"{str(e.get('torch_flash_fwd_mb', '-'))[:12]:>12s} {e['fwd_ms']:8.3f} {e['fwd_tflops']:8.1f} "
+              f"{e['rel_err_last_rows']:8.1e}")
     for k in row["kernels"]:
         print(f"    kernel {k['name']}: {k['kind']}/{k['backend']} {'+'.join(k['ops'])} {k['config']} {k['note']}")
 
