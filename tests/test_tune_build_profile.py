@@ -99,3 +99,26 @@ def test_explain_shows_the_build_profile():
         plan = norm_graph().build(device="cpu")
     text = plan.explain()
     assert "build profile of profiled" in text and "partition" in text
+
+
+def test_gc_is_paused_during_a_build_and_restored(monkeypatch):
+    import gc
+
+    from fusegraph import compiler
+
+    seen = []
+    real = compiler.optimize
+    monkeypatch.setattr(compiler, "optimize", lambda g: seen.append(gc.isenabled()) or real(g))
+    assert gc.isenabled()
+    norm_graph().build(device="cpu")
+    assert seen and not any(seen) and gc.isenabled()
+    seen.clear()
+    with override(build_gc_pause=False):
+        norm_graph().build(device="cpu")
+    assert seen and all(seen)
+    gc.disable()
+    try:
+        norm_graph().build(device="cpu")
+        assert not gc.isenabled()                       # a caller's own gc.disable() is left alone
+    finally:
+        gc.enable()

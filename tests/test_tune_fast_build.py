@@ -145,3 +145,60 @@ def test_precompile_builds_each_distinct_launcher_once_in_the_pool(monkeypatch):
 
 def test_launchers_not_built_without_a_gpu_driver():
     assert precompile.build_launchers([SimpleNamespace(src=None, metadata=None)], None) == 0  # type: ignore[arg-type]
+
+
+def _two_stage_graphs() -> dict[str, fg.Graph]:
+    ce = fg.Graph("ce")
+    x, t = ce.tensor((64, 256), "bfloat16", "x"), ce.tensor((64,), "int64", "t")
+    ce.cross_entropy(x, t).set_output()
+    lnb = fg.Graph("lnb")
+    gy, xx = lnb.tensor((64, 128), "bfloat16", "g"), lnb.tensor((64, 128), "bfloat16", "x")
+    w = lnb.tensor((128,), "bfloat16", "w")
+    for out in lnb.layernorm_backward(gy, xx, weight=w, eps=1e-5):
+        out.set_output()
+    cols = fg.Graph("cols")
+    y = cols.tensor((65536, 16), "float32", "y")
+    cols.sum(y, dim=0).set_output()
+    return {"ce": ce, "lnb": lnb, "cols": cols}
+
+
+@pytest.mark.parametrize("which", ["ce", "lnb", "cols"])
+def test_plan_precompile_covers_both_launches_of_two_stage_kernels(gpu, monkeypatch, which):
+    """Split column reductions and row + column pairs: every launch of each compiled config, with the
+    arguments of the kernel's signature (inputs, outputs, workspaces, then the constexprs)."""
+    import inspect
+
+    from fusegraph import lower
+    from fusegraph.backends import plan_precompile
+    from fusegraph.codegen.compile import load_triton_function
+    from fusegraph.fusion.partition import partition_graph
+
+    plan = _two_stage_graphs()[which].build(device="cpu")
+    items = partition_graph(plan.graph).items
+    assert any("_finish(" in k.source for k in plan.kernels), [k.name for k in plan.kernels]
+    calls: list[tuple[str, int, tuple]] = []
+
+    class Recorder:
+        def __init__(self, source: str, name: str) -> None:
+            self.name, self.real = name, load_triton_function(source, name)
+
+        def warmup(self, *args, grid, num_warps, **constexprs):
+            params = list(inspect.signature(self.real.fn).parameters)
+            assert params == params[:len(args)] + list(constexprs), (self.name, params, len(args), constexprs)
+            calls.append((self.name, len(args), grid))
+
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
+    monkeypatch.setattr(plan_precompile, "load_triton_function", Recorder)
+    monkeypatch.setattr(lower, "_example_inputs", lambda nodes, device: [torch.zeros(1) for _ in nodes])
+    empty, empty_strided = torch.empty, torch.empty_strided    # the jobs allocate on "cuda": here on the CPU
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: empty(*a, **kw))
+    monkeypatch.setattr(torch, "empty_strided", lambda *a, device=None, **kw: empty_strided(*a, **kw))
+    ran: list[int] = []
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel",
+                        lambda jobs: ran.append(len(jobs)) or [job() for job in jobs])
+    with override(tune="full", tune_min_floor_us=0):
+        count = plan_precompile.precompile_plan(items, "cuda", {})
+    names = {name for name, _, _ in calls}
+    assert count == len(calls) == ran[0] and count >= 4
+    assert any(n.endswith("_finish") for n in names) and any(not n.endswith("_finish") for n in names)
+    assert sum(n.endswith("_finish") for n, _, _ in calls) * 2 == len(calls)   # both launches of each config

@@ -111,6 +111,9 @@ _register("profile_build", bool, lambda: False,
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")
+_register("build_gc_pause", bool, lambda: True,
+          "Pause Python's cyclic garbage collector while a plan is built (a full collection with torch "
+          "imported costs a few hundred milliseconds); reference counting still frees acyclic garbage.")
 _register("use_triton", bool, lambda: True,
           "Lower fused kernels to generated Triton code (GPU, or CPU under TRITON_INTERPRET=1).")
 _register("cuda_graphs", bool, lambda: True,

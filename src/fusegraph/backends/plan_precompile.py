@@ -3,8 +3,10 @@
 lower_fused calls `precompile_plan(items, device, options)` with its partition items in lowering
 order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>), so the generated
 sources are the same and Triton's in-memory cache already holds every candidate the kernel's own
-build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs) and plain
-fused groups that launch once (pointwise, row reductions); the rest compiles where it is built.
+build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs), fused groups
+(pointwise, row reductions, and the two launches of split column reductions) and row + column pairs
+(both launches, when the pair is eligible for one pass); the rest (convolutions, attention, cuBLAS
+epilogues) compiles where it is built.
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
 
@@ -36,7 +38,9 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
         try:
             if isinstance(item, MatmulGroup):
                 jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device)
-            elif isinstance(item, KernelGroup) and not isinstance(item, RowColumnGroup | ConvGroup):
+            elif isinstance(item, RowColumnGroup):
+                jobs += row_column_warmup_jobs(item, k, device, options)
+            elif isinstance(item, KernelGroup) and not isinstance(item, ConvGroup):
                 jobs += fused_warmup_jobs(item, k, device, options)
         except Exception as err:  # the kernel's own build reports it
             log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
@@ -44,10 +48,25 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
     return len(jobs)
 
 
-def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) -> list[Any]:
-    """Compile jobs for a fused group that launches once: its first config when it is not timed
-    (launch-bound, or a heuristic config under tune "fast"), the cached choice, else every
-    candidate; [] for two-stage kernels."""
+def row_column_warmup_jobs(pair: Any, k: int, device: str, options: dict[str, Any]) -> list[Any]:
+    """Compile jobs for a row + column pair built as one pass (as lower.row_column_kernels writes
+    it); [] when the pair is not eligible (its two kernels then compile where they are built)."""
+    from ..codegen.configs import MAX_ROW_BLOCK
+    from ..codegen.row_column import NotEligible, RowColumnWriter
+    from ..lower import _summary
+
+    name = f"fg_k{k}_{_summary(pair)}"
+    try:
+        gen = RowColumnWriter(pair, name).write_pair(int(options.get("max_row_block", MAX_ROW_BLOCK)))
+    except NotEligible:
+        return []
+    return fused_warmup_jobs(pair, k, device, options, generated=gen)
+
+
+def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], generated: Any = None) -> list[Any]:
+    """Compile jobs for a fused group (each launch of each config: two for split reductions): its
+    first config when it is not timed (launch-bound, or a heuristic config under tune "fast"), the
+    cached choice, else every candidate."""
     from ..codegen.configs import candidate_configs, launch_parameters
     from ..codegen.triton_gen import generate
     from ..lower import _example_inputs, _summary, group_cost
@@ -56,9 +75,7 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) 
     from ..tune.autotuner import cached_choice, floor_ms_of, untimed_reason
 
     name = f"fg_k{k}_{_summary(group)}"
-    gen = generate(group, name)
-    if gen.finish_name or gen.workspaces:
-        return []
+    gen = generated if generated is not None else generate(group, name)
     candidates = candidate_configs(gen, options)
     shape = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
                    inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=group_cost(group),
@@ -68,19 +85,24 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any]) 
     elif len(candidates) > 1:
         known = cached_choice(gen.name, {"source": gen.source, "device": device}, [Config(c) for c in candidates])
         candidates = candidates if known is None else [dict(known.values)]
-    fn = load_triton_function(gen.source, name)
+    fns = [load_triton_function(gen.source, fn_name) for fn_name in (name, gen.finish_name) if fn_name]
     args = _example_inputs(gen.inputs, device)
     out_specs = [(n.shape, n.spec.memory_strides, n.dtype) for n in gen.outputs]
 
-    def job_for(config: dict[str, Any]) -> Any:
-        (grid,), constexprs, warps = launch_parameters(gen, config)
-
+    def job_for(fn: Any, grid: tuple[int, ...], constexprs: dict[str, Any], warps: int,
+                workspaces: Sequence[tuple[int, ...]]) -> Any:
         def job() -> Any:
             from ..ir import dtypes
 
             outs = [torch.empty_strided(s, st, dtype=dtypes.to_torch(dt), device=device) for s, st, dt in out_specs]
-            return fn.warmup(*args, *outs, grid=grid, **constexprs, num_warps=warps)
+            spaces = [torch.empty(shape, dtype=torch.float32, device=device) for shape in workspaces]
+            return fn.warmup(*args, *outs, *spaces, grid=grid, **constexprs, num_warps=warps)
 
         return job
 
-    return [job_for(c) for c in candidates]
+    jobs = []
+    for config in candidates:   # the launches as lower._launcher makes them: outputs, then workspaces
+        grids, constexprs, warps = launch_parameters(gen, config)
+        workspaces = [(int(config["SPLITS"]), gen.extent)] * gen.workspaces if gen.workspaces else []
+        jobs += [job_for(fn, grid, constexprs, warps, workspaces) for fn, grid in zip(fns, grids, strict=True)]
+    return jobs

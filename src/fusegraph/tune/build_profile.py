@@ -214,11 +214,12 @@ def timed_stage(name: str) -> Callable[[F], F]:
 
 
 def profiled_build(build: F) -> F:
-    """Decorator of compile_graph: the build runs under `profile_build(graph.name)`; the profile is
-    kept as plan.build_profile and printed to stderr."""
+    """Decorator of compile_graph: the build runs under `profile_build(graph.name)` (the profile is
+    kept as plan.build_profile and printed to stderr) and with Python's cyclic garbage collector
+    paused (`gc_paused`)."""
     @functools.wraps(build)
     def inner(graph: Any, *args: Any, **kwargs: Any) -> Any:
-        with profile_build(str(getattr(graph, "name", "graph"))) as profile:
+        with gc_paused(), profile_build(str(getattr(graph, "name", "graph"))) as profile:
             plan = build(graph, *args, **kwargs)
         if profile is not None:
             with contextlib.suppress(AttributeError):
@@ -226,6 +227,25 @@ def profiled_build(build: F) -> F:
             report_if_enabled(profile)
         return plan
     return inner  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector during a build (settings.build_gc_pause). A build
+    allocates many short-lived objects; with torch imported the heap holds millions of tracked
+    objects, and the full (generation 2) collection those allocations trigger took ~0.3 s of a
+    1.3 s CPU-side build of the demo block. Reference counting still frees everything acyclic;
+    cycles wait for the next collection after the build."""
+    import gc
+
+    if not settings.build_gc_pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def report_if_enabled(profile: BuildProfile | None) -> None:
