@@ -202,3 +202,32 @@ def test_plan_precompile_covers_both_launches_of_two_stage_kernels(gpu, monkeypa
     assert count == len(calls) == ran[0] and count >= 4
     assert any(n.endswith("_finish") for n in names) and any(not n.endswith("_finish") for n in names)
     assert sum(n.endswith("_finish") for n, _, _ in calls) * 2 == len(calls)   # both launches of each config
+
+
+def test_launchers_of_async_compiles_and_of_kernels_already_in_the_jit_cache(monkeypatch):
+    """Under AsyncCompileMode a warmup returns a FutureKernel (its CompiledKernel in .kernel once
+    done) or, when the JIT already holds the kernel, the CompiledKernel itself (.kernel: its binary)."""
+    from triton.runtime import _async_compile
+
+    def compiled(sig: str) -> SimpleNamespace:
+        return SimpleNamespace(src=SimpleNamespace(signature={0: sig}, constants={}), metadata=SimpleNamespace(),
+                               kernel=b"cubin")
+
+    def async_job(sig: str):
+        def job():
+            mode = _async_compile.active_mode.get()
+            return mode.submit(("key", sig), lambda: compiled(sig), lambda kernel: None)
+        return job
+
+    built: list[str] = []
+    lock = threading.Lock()
+
+    def fake_launcher(src, metadata):
+        with lock:
+            built.append(src.signature[0])
+
+    monkeypatch.setattr(precompile, "_launcher_class", lambda: fake_launcher)
+    cached = compiled("*fp16")
+    errors = precompile.compile_in_parallel([async_job("*bf16"), async_job("*fp32"), lambda: cached], threads=2)
+    assert errors == [None, None, None]
+    assert sorted(built) == ["*bf16", "*fp16", "*fp32"]

@@ -77,7 +77,10 @@ def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None =
                 pending = getattr(handle, "future", None)
                 if errors[k] is None and isinstance(pending, Future):
                     errors[k] = _error_of(pending)
-                compiled[k] = getattr(handle, "kernel", None) if errors[k] is None else None
+                # a FutureKernel holds its CompiledKernel in .kernel; a kernel already in the JIT's cache
+                # comes back as the CompiledKernel itself (whose .kernel is its binary)
+                compiled[k] = None if errors[k] is not None else handle.kernel if isinstance(pending, Future) \
+                    else handle
         _note("parallel compile", start, f"{len(jobs)} jobs on {workers} threads")
         if settings.prebuild_launchers:
             start = time.perf_counter()
@@ -95,8 +98,7 @@ def build_launchers(compiled: Sequence[Any], pool: ThreadPoolExecutor) -> int:
         return 0
     seen: set[str] = set()
     futures = []
-    for kernel in compiled:
-        kernel = getattr(kernel, "kernel", kernel)   # a FutureKernel's result, or a CompiledKernel
+    for kernel in compiled:       # CompiledKernels (None: failed)
         src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
         signature = getattr(src, "signature", None)
         if signature is None or metadata is None:
