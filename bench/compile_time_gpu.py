@@ -162,6 +162,9 @@ def print_fusegraph(label: str, r: dict[str, Any]) -> None:
           f" (imports before the build {r.get('import_s', 0.0):.2f} s)")
     if "build_profile_text" in r:
         print(r["build_profile_text"])
+        outside = r["build_s"] - r["build_profile"]["total_s"]
+        print(f"  outside compile_graph: {outside:.3f} s (Graph.build's first import of the compiler modules, "
+              f"to_ir)")
     if "cprofile_top30" in r:
         print(f"--- cProfile of the {label} build, top 30 by cumulative time ---")
         print(r["cprofile_top30"])

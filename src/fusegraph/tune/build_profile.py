@@ -101,7 +101,7 @@ class BuildProfile:
         lines = [f"build profile of {self.name}: {self.total:.2f} s"]
         for stage, seconds in self.stage_seconds().items():
             records = [r for r in self.records if (r.kernels and stage == "kernels") or r.name == stage]
-            lines.append(f"  {stage:<22} {seconds:8.3f} s{_extras(records)}")
+            lines.append(f"  {stage:<28} {seconds:8.3f} s{_extras(records)}")
             if stage == "kernels":
                 ranked = sorted(records, key=lambda r: -r.seconds)
                 for r in ranked[:top_kernels]:
@@ -118,7 +118,7 @@ class BuildProfile:
                         lines.append(f"      {s.name:<18} {s.seconds:8.3f} s" + (f"  {s.detail}" if s.detail else ""))
         accounted = sum(r.seconds for r in self.records)
         if self.total - accounted > 0.005:
-            lines.append(f"  {'(after the last mark)':<22} {self.total - accounted:8.3f} s")
+            lines.append(f"  {'(after the last mark)':<28} {self.total - accounted:8.3f} s")
         return "\n".join(lines)
 
 
