@@ -66,6 +66,7 @@ class Settings:
     deadline: float = float("inf")  # perf_counter time after which implementations are skipped (--budget-s)
     progress: str = ""            # JSON-lines file each measured row is appended to as soon as it exists
     context: str = ""             # the target/variant being measured, written with each progress row
+    inductor: bool = False        # --cpu-smoke --inductor: the torch.compile rows too (checks this script)
 
 
 S = Settings()
@@ -185,7 +186,7 @@ def torch_compile_impls(make_module: Callable[[], Any], call: Callable[[Any], An
         return make
 
     impls = [Impl("eager", compiled_by(None), compiled=False)]
-    if not S.cpu:
+    if not S.cpu or S.inductor:
         impls.append(Impl("torch.compile", compiled_by(torch.compile)))
         if S.max_autotune:
             impls.append(Impl("torch.compile max-autotune-no-cudagraphs",
@@ -368,7 +369,7 @@ def gpt2_group(group: str) -> list[dict[str, Any]]:
         return build
 
     impls = [Impl("eager", make(None), compiled=False)]
-    if not S.cpu:
+    if not S.cpu or S.inductor:
         impls.append(Impl("torch.compile", make(torch.compile)))
         if S.max_autotune:
             impls.append(Impl("torch.compile max-autotune-no-cudagraphs",
@@ -447,7 +448,7 @@ def llama_decode_group(group: str) -> list[dict[str, Any]]:
         return build
 
     impls = [Impl("eager", make(None), compiled=False)]
-    if not S.cpu:
+    if not S.cpu or S.inductor:
         impls += [Impl("torch.compile", make(torch.compile)),
                   Impl("torch.compile reduce-overhead", make(lambda m: torch.compile(m, mode="reduce-overhead")))]
     impls += [Impl("fusegraph", make(fg.compile)),
@@ -513,13 +514,14 @@ def main() -> int:
     parser.add_argument("--fg-mode", default="default", help="fg.compile mode for the fusegraph rows")
     parser.add_argument("--variants", default="", help="ResNet variants to run: comma-separated substrings of "
                         f"{'; '.join(RESNET_VARIANTS)}")
+    parser.add_argument("--inductor", action="store_true", help="with --cpu-smoke: torch.compile rows too")
     parser.add_argument("--gpt2-batch", type=int, default=8, help="GPT-2 batch (BENCHMARKS.md uses 16)")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="skip implementations not started within this many seconds (default 540: the JSON "
                              "and table are still written inside one 10-minute GPU call)")
     args = parser.parse_args()
     S.cpu, S.quick, S.max_autotune, S.fg_mode = args.cpu_smoke, args.quick, args.max_autotune, args.fg_mode
-    S.variants, S.gpt2_batch = args.variants, args.gpt2_batch
+    S.variants, S.gpt2_batch, S.inductor = args.variants, args.gpt2_batch, args.inductor
     S.deadline = time.perf_counter() + args.budget_s
     S.device = "cpu" if args.cpu_smoke else "cuda"
     S.warm_compile = not (args.quick or args.no_warm_compile)
