@@ -231,3 +231,20 @@ def test_launchers_of_async_compiles_and_of_kernels_already_in_the_jit_cache(mon
     errors = precompile.compile_in_parallel([async_job("*bf16"), async_job("*fp32"), lambda: cached], threads=2)
     assert errors == [None, None, None]
     assert sorted(built) == ["*bf16", "*fp16", "*fp32"]
+
+
+@pytest.mark.parametrize("extent, block, warps", [
+    (4096 * 4096, 4096, 8),   # 4096 programs
+    (1 << 21, 2048, 8),       # 4096 would launch 512 programs, under 528
+    (1 << 20, 1024, 4),       # 1024 programs of 1024
+    (1 << 16, 512, 4),        # 128 programs: the narrowest block
+    (100, 128, 4),            # a tiny tensor: one program covering it
+])
+def test_pointwise_heuristic_config_by_size(extent, block, warps):
+    from fusegraph.codegen.configs import candidate_configs, pointwise_heuristic
+
+    assert pointwise_heuristic(extent) == {"BLOCK": block, "num_warps": warps}
+    gen = SimpleNamespace(kind="pointwise", extent=extent)
+    configs = candidate_configs(gen)  # type: ignore[arg-type]
+    assert configs[0] == {"BLOCK": block, "num_warps": warps}             # the untimed pick comes first
+    assert len(configs) == len({tuple(sorted(c.items())) for c in configs})   # no duplicate to time

@@ -24,7 +24,7 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     options = options or {}
     if gen.kind == "pointwise":
         cap = max(next_pow2(gen.extent), 16)
-        out = []
+        out = [pointwise_heuristic(gen.extent)]
         for block, warps in ((1024, 4), (2048, 8), (2048, 4), (4096, 8), (512, 4)):
             cfg = {"BLOCK": min(block, cap), "num_warps": warps if block <= cap else 4}
             if cfg not in out:
@@ -66,6 +66,19 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
 
 
 TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
+
+
+def pointwise_heuristic(extent: int) -> dict[str, Any]:
+    """The untimed pick for a pointwise kernel of `extent` elements: the widest BLOCK (4096 down to
+    512) that still launches TARGET_PROGRAMS programs, 8 warps from 2048 up (>= 8 elements a thread:
+    16-byte loads of bf16), else 4. On the H200 a 4096x4096 bf16 epilogue ran 4096/8 in 28.6 us,
+    2048/4 28.8, 1024/4 29.3 (bench/results/compile_time_20261130_1610.txt); smaller tensors need
+    the narrower blocks to spread over the SMs."""
+    block = 4096
+    while block > 512 and _cdiv(extent, block) < TARGET_PROGRAMS:
+        block //= 2
+    block = min(block, max(next_pow2(extent), 16))
+    return {"BLOCK": block, "num_warps": 8 if block >= 2048 else 4}
 
 
 def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict[str, Any]:
