@@ -13,7 +13,7 @@ Cases: gelu_mlp's two GEMMs (bf16, x 8192x4096, W1 4096x16384 + b -> gelu; h 819
 and the fp8 quantize epilogue (bf16 8192x4096 @ 4096x4096, then scale, saturate, cast to e4m3 and a
 per-tensor amax; the amax is fused when the pipeline claims it).
 
-    PYTHONPATH=src python bench/gemm_tune_gpu.py [--only mlp1,mlp2,square,decode,fp8] [--max-s 280]
+    PYTHONPATH=src python bench/gemm_tune_gpu.py [--only mlp1,mlp2,square,decode,fp8] [--max-s 240]
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/gemm_tune_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
 """
 
@@ -168,7 +168,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="mlp1,mlp2,square,decode,fp8")
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--max-s", type=float, default=280.0, help="skip remaining cases after this many seconds")
+    parser.add_argument("--max-s", type=float, default=240.0, help="skip remaining cases after this many seconds")
     opts = parser.parse_args()
     device = "cpu" if opts.cpu_smoke else "cuda"
     dt = "float16" if opts.cpu_smoke else "bfloat16"

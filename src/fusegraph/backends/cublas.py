@@ -27,9 +27,10 @@ def torch_matmul(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool)
     return torch.matmul(a, b)
 
 
-def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None) -> LaunchFn:
+def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Sequence[LaunchFn] = ()) -> LaunchFn:
     """Launch function over `group.inputs`: torch.matmul, then `epilogue` (None: the product is
-    the only output)."""
+    the only output), then one launch per claimed reduction of the product (`group.reductions`, e.g.
+    an amax), whose results follow the epilogue's."""
     mm = group.matmul
     positions = {n.id: k for k, n in enumerate(group.inputs)}
     ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
@@ -37,14 +38,18 @@ def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None) -> LaunchFn:
     epi_inputs = group.epilogue.inputs
     dense = mm.spec.memory_strides
     epi_args = [(True, 0) if n.id == mm.id else (False, positions[n.id]) for n in epi_inputs]
+    red_args = [[(True, 0) if n.id == mm.id else (False, positions[n.id]) for n in r.inputs]
+                for r in group.reductions]
 
     def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         product = torch_matmul(args[ia], args[ib], ta, tb)
         if product.stride() != dense and product.numel() > 1:
             product = product.contiguous()
-        if epilogue is None:
-            return [product]
-        return list(epilogue([product if is_product else args[k] for is_product, k in epi_args]))
+        outs = [product] if epilogue is None else list(
+            epilogue([product if is_product else args[k] for is_product, k in epi_args]))
+        for run, where in zip(reductions, red_args, strict=True):
+            outs += run([product if is_product else args[k] for is_product, k in where])
+        return outs
 
     return launch
 

@@ -130,7 +130,11 @@ def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = 
             c["USE_TMA"] = True
         out.append(c)
     out.sort(key=lambda c: tile_cost(geometry, c, sms))
-    return out[:PERSISTENT_CANDIDATES]
+    if not out:
+        return out
+    # the best tile once more without flattening the tile loop: on an H200 overlapping the epilogue
+    # with the next tile's loads measured slower for some kernels (triton-lang/triton#9279)
+    return out[:PERSISTENT_CANDIDATES - 1] + [dict(out[0], FLATTEN=False)]
 
 
 def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2) -> list[dict[str, Any]]:

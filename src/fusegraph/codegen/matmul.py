@@ -3,15 +3,21 @@ trans_b, batch dims broadcast (one program column per output batch), fp32 accumu
 tile ordering (GROUP_M rows of tiles share B columns in L2), and the epilogue's pointwise
 expressions evaluated on the accumulator tile before the only stores.
 
+Three kernels of one group (gemm_configs.py lists their candidates): "tiled" (one output tile a
+program), "persistent" (NUM_PROGRAMS programs looping over the tiles, the epilogue inside the loop)
+and "splitk" (K split over programs into fp32 partials, then a kernel that sums them in split order
+and runs the epilogue). A claimed full max reduction of the product (the amax of a quantize
+epilogue) is folded in per tile with tl.atomic_max into an fp32 scratch (max is order-free).
+
 Shapes and strides are literals in the source (a plan is specialized to its input signature);
-tile sizes are constexprs, chosen from `gemm_configs` by the autotuner. The epilogue reuses the
-pointwise writer of triton_gen: each domain dim is indexed by a batch index, `offs_m` or `offs_n`.
+tile sizes are constexprs, chosen by the autotuner. The epilogue reuses the pointwise writer of
+triton_gen: each domain dim is indexed by a batch index, `offs_m` or `offs_n`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..fusion.epilogue import MatmulGroup
 from ..fusion.partition import Entry, squeeze_map
@@ -45,6 +51,8 @@ class GeneratedGemm:
     # VARIANT -> (kernel names, module source): "persistent" (one kernel) and "splitk" (partials, then
     # the reduction + epilogue kernel)
     variants: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    # outputs (by position) reduced with tl.atomic_max into an fp32 scratch that starts at -inf
+    atomic_max_outputs: tuple[int, ...] = ()
 
     def source_of(self, variant: str) -> str:
         return self.source if variant == "tiled" else self.variants[variant][1]
@@ -139,8 +147,9 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
         "splitk": ((partial, finish), HEADER + _GemmWriter(group, partial).write_split_partial() + "\n\n"
                    + _GemmWriter(group, finish).write_split_finish()),
     }
+    atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
-                         variants=variants)
+                         variants=variants, atomic_max_outputs=atomic)
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")
@@ -158,6 +167,15 @@ class _GemmWriter(_Writer):
         a = group.matmul.inputs[0]
         self.tma = tma_plan(self.geo, dtypes.itemsize(a.dtype))
         self.precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
+        # claimed full max reductions (amax): their value names get a prefix (each group numbers its
+        # own), their results go to fp32 scratch outputs after the epilogue's
+        self.reductions = [[replace(e, key=f"r{i}_{e.key}", args=tuple(f"r{i}_{x}" for x in e.args))
+                            for e in r.entries] for i, r in enumerate(group.reductions)]
+        for entries in self.reductions:
+            for e in entries:
+                if e.kind == "reduce":
+                    self.out_ptr[e.key] = f"out{len(self.out_ptr)}"
+        self.outputs = self.outputs + [e.node for r in group.reductions for e in r.stores]
 
     def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
         off = super().offset(node, emb, dimvar)
@@ -172,7 +190,7 @@ class _GemmWriter(_Writer):
         return "mask_n" if used == {"n"} else "mask_m"
 
     def value(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
-        if entry is self.gemm.product:
+        if entry is self.gemm.product or (entry.kind == "load" and entry.node.id == self.gemm.matmul.id):
             self.expr[entry.key] = "acc_out"
             return
         if entry.kind == "load":
@@ -279,6 +297,13 @@ class _GemmWriter(_Writer):
             self.value(entry, "mask", dimvar, indent)
         for entry in self.group.stores:
             self.store(entry, "mask", dimvar, indent)
+        for entries in self.reductions:  # amax: this tile's max (masked edges count as -inf), one atomic
+            for entry in entries:
+                if entry.kind != "reduce":
+                    self.value(entry, "mask", dimvar, indent)
+                    continue
+                self.emit(f"{entry.key} = tl.max(tl.where(mask, {self.expr[entry.args[0]]}, float('-inf')))", indent)
+                self.emit(f"tl.atomic_max({self.out_ptr[entry.key]}, {entry.key})", indent)
 
     def _batch_setup(self, axis: int) -> None:
         self.batch_vars = self._batch_indices(axis)
