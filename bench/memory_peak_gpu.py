@@ -48,7 +48,9 @@ from fusegraph.commands.demo_blocks import SIZES, TransformerSize, transformer_b
 from fusegraph.runtime import plan as plan_module
 from fusegraph.runtime.memory import fmt_bytes
 
-BUILT: list[Any] = []   # every Plan built while a workload compiles (recorded by the wrapper below)
+# what every Plan built while a workload compiles reports: (graph name, kernels, plan.memory); the
+# Plans themselves are not kept (their constants and CUDA-graph pools would stay allocated)
+BUILT: list[tuple[str, int, Any]] = []
 
 
 def _record_plans() -> None:
@@ -56,7 +58,7 @@ def _record_plans() -> None:
 
     def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        BUILT.append(self)
+        BUILT.append((self.graph.name, len(self.kernels), self.memory))
 
     plan_module.Plan.__init__ = recording_init  # type: ignore[method-assign]
 
@@ -170,8 +172,8 @@ def step_fn(model: Any, x: torch.Tensor, train: bool) -> tuple[Callable[[], Any]
     return train_step, drop_grads
 
 
-def plans_summary(plans: list[Any]) -> list[dict[str, Any]]:
-    return [{"graph": p.graph.name, "kernels": len(p.kernels), **p.memory.as_dict()} for p in plans]
+def plans_summary(plans: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
+    return [{"graph": name, "kernels": kernels, **memory.as_dict()} for name, kernels, memory in plans]
 
 
 def run_variant(w: Workload, variant: str, train: bool, device: str) -> dict[str, Any]:
@@ -194,7 +196,7 @@ def run_variant(w: Workload, variant: str, train: bool, device: str) -> dict[str
                            "seconds": round(time.perf_counter() - t0, 2)}
     if variant == "fusegraph":
         row["plans"] = plans_summary(plans)
-        row["planned_peak_bytes"] = max((p.memory.peak_live_bytes for p in plans), default=0)
+        row["planned_peak_bytes"] = max((memory.peak_live_bytes for _, _, memory in plans), default=0)
     return row
 
 
@@ -217,7 +219,22 @@ def graph_api_block(device: str, smoke: bool) -> dict[str, Any]:
             "measured_peak_bytes": peak, "held_bytes": held, "cuda_graph": plan.cuda_graph_note,
             "no_inplace_no_graph_peak_bytes": plain_peak, "eager_peak_bytes": eager_peak,
             "torch_compile_peak_bytes": compiled_peak, "planned_peak_bytes": plan.memory.peak_live_bytes,
-            "plans": plans_summary([plan]), "memory": plan.memory.summary()}
+            "plans": plans_summary([(plan.graph.name, len(plan.kernels), plan.memory)]),
+            "memory": plan.memory.summary()}
+
+
+def planned_demo_blocks() -> list[dict[str, Any]]:
+    """The planner on the GPU-sized (medium, bf16) demo blocks, built on the CPU and not run."""
+    from fusegraph.commands.demo_blocks import conv_block
+
+    rows = []
+    transformer_size, conv_size = SIZES["medium"]
+    for block in (transformer_block(transformer_size, torch.bfloat16, "cpu"),
+                  conv_block(conv_size, torch.bfloat16, "cpu")):
+        plan = block.graph.build(device="cpu")
+        rows.append({"workload": block.description, "kernels": len(plan.kernels), **plan.memory.as_dict(),
+                     "memory": plan.memory.summary()})
+    return rows
 
 
 def _mb(n: int | None) -> str:
@@ -267,16 +284,21 @@ def main() -> None:
                                  "measured_peak_bytes": None, "error": f"{type(err).__name__}: {err}"[:300]})
                 torch._dynamo.reset()
                 gc.collect()
+    planned = planned_demo_blocks() if smoke else []
     tag = "cpu_smoke" if smoke else "gpu"
     dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     header = (f"memory peak ({tag}, {dev_name}, torch {torch.__version__}); measured = max_memory_allocated "
               f"during one call minus memory allocated before it" + ("; CPU: planner only" if smoke else ""))
     text = to_text(rows, header)
+    if planned:
+        text += "\nplanner only, GPU-sized demo blocks (bf16, built on the CPU, not run):"
+        for r in planned:
+            text += f"\n  {r['workload']}: {r['kernels']} kernels\n    {r['memory']}"
     errors = [f"{r['workload']} {r['mode']} {r['variant']}: {r['error']}" for r in rows if "error" in r]
     if errors:
         text += "\nerrors:\n" + "\n".join(errors)
     print(text)
-    payload = {"device": dev_name, "torch": torch.__version__, "rows": rows}
+    payload = {"device": dev_name, "torch": torch.__version__, "rows": rows, "planned_demo_blocks": planned}
     targets = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")]
     if os.environ.get("OUT"):
         targets.append(os.environ["OUT"])
