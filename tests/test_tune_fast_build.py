@@ -248,3 +248,43 @@ def test_pointwise_heuristic_config_by_size(extent, block, warps):
     configs = candidate_configs(gen)  # type: ignore[arg-type]
     assert configs[0] == {"BLOCK": block, "num_warps": warps}             # the untimed pick comes first
     assert len(configs) == len({tuple(sorted(c.items())) for c in configs})   # no duplicate to time
+
+
+def test_triton_warmup_runs_once_on_its_thread_and_loading_a_kernel_waits_for_it(monkeypatch):
+    from fusegraph.codegen import compile as codegen_compile
+
+    started = threading.Event()
+    release = threading.Event()
+    runs: list[str] = []
+
+    def slow_warm():
+        runs.append(threading.current_thread().name)
+        started.set()
+        release.wait(5)
+
+    monkeypatch.setattr(precompile, "_warmup", None)
+    monkeypatch.setattr(precompile, "_warm_triton", slow_warm)
+    monkeypatch.setattr(codegen_compile, "interpreting", lambda: False)
+    precompile.start_triton_warmup("cpu")
+    assert precompile._warmup is None                        # only for CUDA devices
+    precompile.start_triton_warmup("cuda")
+    precompile.start_triton_warmup("cuda:0")                 # once per process
+    assert started.wait(5) and runs == ["fusegraph-triton-warmup"]
+    waited = threading.Event()
+    waiter = threading.Thread(target=lambda: (precompile.wait_for_triton_warmup(), waited.set()))
+    waiter.start()
+    assert not waited.wait(0.2)                              # blocked until the warm-up ends
+    release.set()
+    waiter.join(5)
+    assert waited.is_set() and runs == ["fusegraph-triton-warmup"]
+
+
+def test_triton_warmup_failure_is_silent(monkeypatch):
+    """On a machine without a GPU driver the warm-up thread's error is left for the build to meet."""
+    monkeypatch.setattr(precompile, "_warmup", None)
+    from fusegraph.codegen import compile as codegen_compile
+
+    monkeypatch.setattr(codegen_compile, "interpreting", lambda: False)
+    precompile.start_triton_warmup("cuda")
+    precompile.wait_for_triton_warmup()
+    assert precompile._warmup is not None and not precompile._warmup.is_alive()

@@ -22,6 +22,7 @@ from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
 from .tune.build_profile import mark, profiled_build
+from .tune.precompile import start_triton_warmup
 
 
 def default_device(hint: str | None = None) -> str:
@@ -47,6 +48,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     use TF32 tensor cores, which also makes them candidates for NHWC).
     """
     device = default_device(device)
+    start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
     check_graph_outputs(options.get("graph_outputs", "copy"))
     if options.get("cuda_graphs") not in (None, True, False):
         raise InvalidValueError(f"build option cuda_graphs={options['cuda_graphs']!r}: use True, False or None "

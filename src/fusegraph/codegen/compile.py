@@ -31,6 +31,9 @@ def load_triton_function(source: str, name: str) -> Any:
     key = f"{name}_{digest}"
     if key in _LOADED:
         return _LOADED[key]
+    from ..tune.precompile import wait_for_triton_warmup
+
+    wait_for_triton_warmup()   # Triton's import and driver start may still run on their own thread
     if interpreting():
         round_like_the_gpu()
     path = os.path.join(kernel_dir(), f"fg_{key}.py")

@@ -24,6 +24,7 @@ first launches only load them from the cache. FUSEGRAPH_PROFILE_BUILD shows both
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,6 +88,40 @@ def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None =
             built = build_launchers(compiled, pool)
             _note("launcher builds", start, f"{built} distinct launchers")
         return errors
+
+
+_warmup_lock = threading.Lock()
+_warmup: threading.Thread | None = None
+
+
+def start_triton_warmup(device: str) -> None:
+    """Import Triton and start its CUDA driver (which builds or loads its cuda_utils C module) on a
+    background thread, once per process, so that this overlaps the passes and the partitioner;
+    `wait_for_triton_warmup` (load_triton_function calls it) joins it before Triton is used."""
+    global _warmup
+    from ..codegen.compile import interpreting
+
+    if _warmup is not None or not device.startswith("cuda") or not settings.use_triton or interpreting():
+        return
+    with _warmup_lock:
+        if _warmup is None:
+            _warmup = threading.Thread(target=_warm_triton, name="fusegraph-triton-warmup", daemon=True)
+            _warmup.start()
+
+
+def wait_for_triton_warmup() -> None:
+    thread = _warmup
+    if thread is not None and thread.is_alive():
+        thread.join()
+
+
+def _warm_triton() -> None:
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.get_current_target()
+    except Exception:  # the build meets the same error, with its message, where it uses Triton
+        pass
 
 
 def build_launchers(compiled: Sequence[Any], pool: ThreadPoolExecutor) -> int:
