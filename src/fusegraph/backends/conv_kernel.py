@@ -5,6 +5,7 @@ the convolution runs with the reference (exact fp32), the epilogue under the Tri
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,22 +28,25 @@ def conv_group_cost(group: ConvGroup) -> Cost:
     return Cost(nbytes, flops)
 
 
-def conv_launch(node: Node, compute_dtype: str, device: str) -> Any:
-    """Tensors -> the convolution's result in the node's memory layout."""
+def conv_launch(node: Node, compute_dtype: str, device: str, allow_tf32: bool = False) -> Any:
+    """Tensors -> the convolution's result in the node's memory layout. fp32 runs exact (the
+    reference's semantics) unless the build allowed TF32 (build(allow_tf32=True))."""
     dense = node.spec.memory_strides
     channels_last = node.op == "conv2d" and node.spec.layout == "NHWC"
-    native = device.startswith("cuda") and node.op == "conv2d" and node.dtype in ("float16", "bfloat16")
+    tf32 = allow_tf32 and node.dtype == "float32"
+    native = device.startswith("cuda") and node.op == "conv2d" and (node.dtype in ("float16", "bfloat16") or tf32)
 
     def launch(args: Sequence[torch.Tensor]) -> torch.Tensor:
         if native:  # cuDNN in the operands' dtype (fp32 accumulation inside)
             x, w = args[0], args[1]
             bias = args[2] if len(args) == 3 else None
             attrs = node.attrs
-            if channels_last:
-                out = cudnn.conv2d_channels_last(x, w, bias, attrs)
-            else:
-                out = F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
-                               dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
+            with _tf32() if tf32 else contextlib.nullcontext():
+                if channels_last:
+                    out = cudnn.conv2d_channels_last(x, w, bias, attrs)
+                else:
+                    out = F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
+                                   dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
         else:
             out = run_node(node, list(args), compute_dtype, args[0].device)
         if out.stride() != dense and out.numel() > 1:
@@ -52,13 +56,20 @@ def conv_launch(node: Node, compute_dtype: str, device: str) -> Any:
     return launch
 
 
+def _tf32() -> Any:
+    """cuDNN's TF32 tensor cores for fp32 convolutions (other cuDNN flags kept)."""
+    flags = torch.backends.cudnn
+    return flags.flags(enabled=flags.enabled, benchmark=flags.benchmark, deterministic=flags.deterministic,
+                       allow_tf32=True)
+
+
 def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: str,
                       options: dict[str, Any]) -> Kernel:
     from ..lower import fused_kernel  # lower imports this module
 
     start = time.perf_counter()
     node = group.compute
-    conv = conv_launch(node, compute_dtype, device)
+    conv = conv_launch(node, compute_dtype, device, bool(options.get("allow_tf32", False)))
     n_conv = len(node.inputs)
     positions = {n.id: k for k, n in enumerate(group.inputs)}
     conv_args = [positions[i.id] for i in node.inputs]
