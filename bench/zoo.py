@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -97,19 +98,6 @@ def cpu_time_ms(fn: Callable[[], Any], calls: int = 3) -> float:
     return statistics.median(times)
 
 
-def peak_memory_mb(fn: Callable[[], Any]) -> float:
-    """Peak allocated during one call above what was allocated before it (MB)."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del out
-    return peak / 2**20
-
-
 def first_call_s(fn: Callable[[], Any], dev: str) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
@@ -138,6 +126,33 @@ def check(got: torch.Tensor, ref: torch.Tensor, ref32: torch.Tensor | None, dtyp
     return row
 
 
+def memory_baseline(dev: str) -> int:
+    """Allocated bytes now (after freeing what is no longer referenced): what a variant's peak is measured from."""
+    if dev != "cuda":
+        return 0
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
+def measure(row: dict[str, Any], who: str, fn: Callable[[], Any], baseline: int, dev: str, quick: bool) -> None:
+    """Device time, per-call latency and steady-state peak memory of a warmed-up `fn` into row[who_*].
+    Peak = max allocated during one call minus `baseline` (taken before the variant was built, so the
+    buffers and CUDA-graph pools it keeps count)."""
+    if dev != "cuda":
+        row[f"{who}_ms"] = cpu_time_ms(fn, 1 if who != "eager" else 3)
+        return
+    row[f"{who}_ms"] = device_time_ms(fn, 5 if quick else 20)
+    row[f"{who}_latency_ms"] = latency_ms(fn)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    row[f"{who}_peak_mb"] = round((torch.cuda.max_memory_allocated() - baseline) / 2**20, 1)
+    del out
+
+
 def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
     dev = "cpu" if args.cpu_smoke else "cuda"
     size = "tiny" if args.cpu_smoke else "full"
@@ -159,12 +174,16 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
             return model(*inputs)
 
         ref = eager()
+        measure(row, "eager", eager, memory_baseline(dev), dev, args.quick)
+
         torch._dynamo.reset()
+        baseline = memory_baseline(dev)
         compiled = fg.compile(model)
         with warnings.catch_warnings(record=True) as caught, lowering(args.lowering):
             warnings.simplefilter("always", FallbackWarning)
             row["fusegraph_compile_cold_s"], got = first_call_s(lambda: compiled(*inputs), dev)
             row.update(check(got, ref, ref32, dtype))
+            del got
             report = compiled.fusegraph_report
             row["fallback_ops"] = report.fallback_ops
             row["eager_op_count"] = sum(sum(g.fallbacks.values()) for g in report.graphs)
@@ -173,45 +192,27 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
                               for k, v in kernel_summary(report).items()}
             row["fallback_warnings"] = [str(w.message)[:300] for w in caught
                                         if issubclass(w.category, FallbackWarning)]
-
-            def ours() -> Any:
-                return compiled(*inputs)
-
-            if dev == "cpu":
-                row["eager_ms"] = cpu_time_ms(eager)
-                row["fusegraph_ms"] = cpu_time_ms(ours, 1)
-                return row
-            calls = 5 if args.quick else 20
-            row["eager_ms"] = device_time_ms(eager, calls)
-            row["eager_latency_ms"] = latency_ms(eager)
-            row["fusegraph_ms"] = device_time_ms(ours, calls)
-            row["fusegraph_latency_ms"] = latency_ms(ours)
-            row["eager_peak_mb"] = peak_memory_mb(eager)
-            row["fusegraph_peak_mb"] = peak_memory_mb(ours)
+            measure(row, "fusegraph", lambda: compiled(*inputs), baseline, dev, args.quick)
+            compiled = None  # free its Plans before the warm recompile
             if not args.no_warm:
-                del compiled
                 torch._dynamo.reset()
                 again = fg.compile(model)
                 row["fusegraph_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
-                del again
+                del again, _
         if not args.no_inductor:
             torch._dynamo.reset()
+            baseline = memory_baseline(dev)
             by_inductor = torch.compile(model)
-            row["inductor_compile_cold_s"], got_ind = first_call_s(lambda: by_inductor(*inputs), dev)
-            row["inductor_check"] = check(got_ind, ref, ref32, dtype)
-
-            def inductor() -> Any:
-                return by_inductor(*inputs)
-
-            row["inductor_ms"] = device_time_ms(inductor, calls)
-            row["inductor_latency_ms"] = latency_ms(inductor)
-            row["inductor_peak_mb"] = peak_memory_mb(inductor)
+            row["inductor_compile_cold_s"], got = first_call_s(lambda: by_inductor(*inputs), dev)
+            row["inductor_check"] = check(got, ref, ref32, dtype)
+            del got
+            measure(row, "inductor", lambda: by_inductor(*inputs), baseline, dev, args.quick)
+            by_inductor = None
             if not args.no_warm:
-                del by_inductor
                 torch._dynamo.reset()
                 again = torch.compile(model)
                 row["inductor_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
-                del again
+                del again, _
             row["speedup_vs_inductor"] = row["inductor_ms"] / row["fusegraph_ms"]
         row["speedup_vs_eager"] = row["eager_ms"] / row["fusegraph_ms"]
     torch._dynamo.reset()
@@ -299,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop before starting a model that would not finish within this many seconds")
     p.add_argument("--no-inductor", action="store_true", help="skip torch.compile (Inductor)")
     p.add_argument("--no-warm", action="store_true", help="skip the warm recompiles")
+    p.add_argument("--inductor", action="store_true",
+                   help="with --cpu-smoke: also Inductor and the warm recompiles (checks the whole script on CPU)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny configs on CPU, float32, no Inductor")
     p.add_argument("--lowering", choices=("triton", "reference"), default="triton",
                    help="CPU: generated kernels under TRITON_INTERPRET=1, or the reference lowering")
@@ -320,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.minilm:
         from zoo_minilm import main as minilm_main
         return minilm_main()
-    if args.cpu_smoke:
+    if args.cpu_smoke and not args.inductor:
         args.no_inductor, args.no_warm = True, True
-    elif not torch.cuda.is_available():
+    if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit("no GPU: use --cpu-smoke (tiny configs on CPU)")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
