@@ -160,3 +160,43 @@ def test_every_variant_reports_the_group_cost() -> None:
         assert (kernel.cost.bytes, kernel.cost.flops) == (cost.bytes, cost.flops)
         assert kernel.cost.flops >= 2 * 4 * 48 * 1024
         assert kernel.cost.bytes == (4 * 1024 + 1024 * 48 + 48 + 4 * 48) * 2
+
+
+# ---- batch folded into M (shared weight) --------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["tiled", "splitk"])
+def test_decode_batch_folds_into_m_with_batched_epilogue_operands(variant: str) -> None:
+    """x[8, 1, K] @ W^T + residual[8, 1, N], * a per-entry scale [8, 1, 1]: one [8, K] @ W^T tile grid."""
+    g = fg.Graph(name=f"fold_{variant}", compute_dtype="float32")
+    x = g.tensor((8, 1, 1024), dtype="float16", name="x")
+    w = g.tensor((40, 1024), dtype="float16", name="w")
+    r = g.tensor((8, 1, 40), dtype="float16", name="r")
+    s = g.tensor((8, 1, 1), dtype="float16", name="s")
+    y = g.add(g.mul(g.matmul(x, w, transpose_b=True), s), r)
+    y.set_output()
+    feeds = {x: torch.randn(8, 1, 1024, dtype=torch.float16), w: (torch.randn(40, 1024) / 32).half(),
+             r: torch.randn(8, 1, 40, dtype=torch.float16), s: torch.randn(8, 1, 1, dtype=torch.float16)}
+    plan = g.build(device="cpu", gemm_variant=variant)
+    (kernel,) = plan.kernels
+    assert kernel.config.get("VARIANT", "tiled") == variant
+    assert "M, N, K = 8, 40, 1024" in kernel.source and "program_id(2)" not in kernel.source
+    assert_close(plan.execute(feeds)[y], fg.reference(g).execute(feeds)[y], what=f"folded decode {variant}")
+
+
+def test_prefill_batch_folds_and_rows_cross_tiles() -> None:
+    g, y, feeds = _mlp_graph(20, 24, 32, batch=(3,))     # rows 0..59: 16-row tiles straddle batch entries
+    gen = generate_gemm(_group(g), "fold_prefill")
+    assert (gen.geometry.batch, gen.geometry.m, gen.geometry.folded, gen.geometry.rows) == ((), 60, (3,), 20)
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+    assert_close(_launch(g, feeds, config, "fold_prefill"), fg.reference(g).execute(feeds)[y], what="folded prefill")
+
+
+def test_no_fold_when_the_weight_has_batch_dims_or_a_is_transposed() -> None:
+    from fusegraph.codegen.matmul import fold_batch
+
+    per_batch_weight = GemmGeometry((3,), 20, 24, 32, (32, 1), (24, 1), (640,), (768,))
+    assert fold_batch(per_batch_weight) is per_batch_weight
+    transposed_a = GemmGeometry((3,), 20, 24, 32, (1, 20), (24, 1), (640,), (0,))   # A [3, K, M]
+    assert fold_batch(transposed_a) is transposed_a
+    padded_rows = GemmGeometry((3,), 20, 24, 32, (32, 1), (24, 1), (700,), (0,))   # gaps between entries
+    assert fold_batch(padded_rows) is padded_rows

@@ -55,6 +55,8 @@ class GemmGeometry:
     b_strides: tuple[int, int]           # (along K, along N) of B'
     a_batch: tuple[int, ...]             # per output batch dim: A's stride (0 where broadcast)
     b_batch: tuple[int, ...]
+    folded: tuple[int, ...] = ()         # batch dims folded into M (then m = prod(folded) * rows)
+    rows: int = 0                        # M of one batch entry when folded
 
     @property
     def batch_numel(self) -> int:
@@ -134,7 +136,7 @@ def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = 
         return out
     # the best tile once more without flattening the tile loop: on an H200 overlapping the epilogue
     # with the next tile's loads measured slower for some kernels (triton-lang/triton#9279)
-    return out[:PERSISTENT_CANDIDATES - 1] + [dict(out[0], FLATTEN=False)]
+    return [*out[:PERSISTENT_CANDIDATES - 1], dict(out[0], FLATTEN=False)]
 
 
 def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..fusion.epilogue import MatmulGroup
 from ..fusion.partition import Entry, squeeze_map
@@ -107,6 +108,21 @@ def gemm_geometry(matmul: Node) -> GemmGeometry:
     return GemmGeometry(batch, m, n, k, a_mk, b_kn, _batch_strides(a, batch), _batch_strides(b, batch))
 
 
+def fold_batch(geo: GemmGeometry) -> GemmGeometry:
+    """Leading batch dims folded into M when B' is shared by every batch entry and A' rows continue
+    across entries at the same stride: x[B, S, K] @ W becomes one [B*S, K] @ W tile grid (decode's
+    M is then the batch, not B programs of one row each). Else `geo` unchanged."""
+    if not geo.batch or any(geo.b_batch) or geo.a_strides[0] == 0 or geo.m == 0:
+        return geo
+    expect = geo.a_strides[0] * geo.m
+    for d in range(len(geo.batch) - 1, -1, -1):
+        if geo.batch[d] != 1 and geo.a_batch[d] != expect:
+            return geo
+        expect *= geo.batch[d]
+    return GemmGeometry((), geo.m * geo.batch_numel, geo.n, geo.k, geo.a_strides, geo.b_strides, (), (),
+                        folded=geo.batch, rows=geo.m)
+
+
 def get_dims(matmul: Node) -> tuple[tuple[int, ...], int, int, int]:
     from ..ir.registry import get_op
 
@@ -160,7 +176,7 @@ class _GemmWriter(_Writer):
     def __init__(self, group: MatmulGroup, name: str) -> None:
         super().__init__(group.epilogue, name)
         self.gemm = group
-        self.geo = gemm_geometry(group.matmul)
+        self.geo = fold_batch(gemm_geometry(group.matmul))
         self.kernel_inputs = group.inputs
         self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.kernel_inputs)}
         self.zero_index = "zero_m"
@@ -177,7 +193,7 @@ class _GemmWriter(_Writer):
                     self.out_ptr[e.key] = f"out{len(self.out_ptr)}"
         self.outputs = self.outputs + [e.node for r in group.reductions for e in r.stores]
 
-    def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
+    def offset(self, node: Node, emb: tuple[Any, ...], dimvar: dict[int, str]) -> str:
         off = super().offset(node, emb, dimvar)
         if not _TILE_VAR.search(off):
             off = f"{off} + zero_m" if off != self.zero_index else off
@@ -425,7 +441,15 @@ class _GemmWriter(_Writer):
         """Index variable of each (squeezed) domain dim of the matmul's output."""
         mm = self.gemm.matmul
         a, b = mm.inputs
-        names = list(batch_vars) + (["offs_m"] if a.spec.rank > 1 else []) + (["offs_n"] if b.spec.rank > 1 else [])
+        row = "offs_m"
+        if self.geo.folded:  # batch and row indices of the folded M index
+            batch_vars, inner = [], self.geo.rows
+            for axis in range(len(self.geo.folded) - 1, -1, -1):
+                index = f"(offs_m // {inner})" if inner > 1 else "offs_m"
+                batch_vars.insert(0, f"({index} % {self.geo.folded[axis]})" if axis > 0 else index)
+                inner *= self.geo.folded[axis]
+            row = f"(offs_m % {self.geo.rows})"
+        names = list(batch_vars) + ([row] if a.spec.rank > 1 else []) + (["offs_n"] if b.spec.rank > 1 else [])
         out: dict[int, str] = {}
         for k, d in enumerate(squeeze_map(mm.shape)):
             if d is not None:
