@@ -275,17 +275,30 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def write(rows: list[dict[str, Any]], tag: str, header: str,
-          table: Callable[[list[dict[str, Any]], str], str] | None = None) -> None:
-    text = (table or markdown)(rows, header)
-    print("\n" + text)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for folder in filter(None, (os.environ.get("OUT"), RESULTS_DIR)):
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"zoo-{tag}-{stamp}.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        with open(os.path.join(folder, f"zoo-{tag}-{stamp}.md"), "w") as f:
-            f.write(text + "\n")
+class Results:
+    """Rows written as they come (JSON lines in $OUT and bench/results/: a run cut off by its time limit keeps
+    what it measured), the markdown table at the end."""
+
+    def __init__(self, tag: str) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.stem = f"zoo-{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.folders = [f for f in (os.environ.get("OUT"), RESULTS_DIR) if f]
+        for folder in self.folders:
+            os.makedirs(folder, exist_ok=True)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+        for folder in self.folders:
+            with open(os.path.join(folder, self.stem + ".jsonl"), "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def finish(self, header: str, table: Callable[[list[dict[str, Any]], str], str] | None = None) -> None:
+        text = (table or markdown)(self.rows, header)
+        print("\n" + text)
+        for folder in self.folders:
+            with open(os.path.join(folder, self.stem + ".md"), "w") as f:
+                f.write(text + "\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     dtypes = [getattr(torch, d) for d in (args.dtypes or (["float32"] if args.cpu_smoke else ["float32", "bfloat16"]))]
     start, longest = time.perf_counter(), 0.0
-    rows: list[dict[str, Any]] = []
+    tag = "cpu-smoke" if args.cpu_smoke else ("gpu" + (f"-part{args.part.replace('/', 'of')}" if args.part else ""))
+    results = Results(tag)
+    rows = results.rows
     todo = [(m, d) for m in select(args) for d in dtypes]
     for i, (m, dtype) in enumerate(todo):
         base = {"model": m.name, "dtype": str(dtype).replace("torch.", "")}
@@ -339,16 +354,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.budget_s and elapsed + 1.2 * longest > args.budget_s:
             left = [f"{n.name}/{str(d).replace('torch.', '')}" for n, d in todo[i:]]
             print(f"budget: stopping after {elapsed:.0f} s (longest model {longest:.0f} s); not run: {', '.join(left)}")
-            rows.extend({"model": n.name, "dtype": str(d).replace("torch.", ""), "skipped": "time budget"}
-                        for n, d in todo[i:])
+            for n, d in todo[i:]:
+                results.add({"model": n.name, "dtype": str(d).replace("torch.", ""), "skipped": "time budget"})
             break
         missing = available(m)
         if missing:
-            rows.append({**base, "skipped": missing})
-            print(json.dumps(rows[-1]), flush=True)
+            results.add({**base, "skipped": missing})
             continue
         if m.real_weights and not args.cpu_smoke and not os.environ.get("ZOO_MINILM_DIR"):
-            rows.append({**base, "skipped": "real-weight model: checked on CPU (bench/zoo.py --minilm); "
+            results.add({**base, "skipped": "real-weight model: checked on CPU (bench/zoo.py --minilm); "
                          "to run it here carry an export (zoo_minilm.py --export-fp16 DIR) and set ZOO_MINILM_DIR"})
             continue
         t0 = time.perf_counter()
@@ -360,16 +374,14 @@ def main(argv: list[str] | None = None) -> int:
             torch._dynamo.reset()
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         longest = max(longest, row["wall_s"])
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        results.add(row)
         if not args.cpu_smoke:
             torch.cuda.empty_cache()
     info = versions()
-    tag = "cpu-smoke" if args.cpu_smoke else ("gpu" + (f"-part{args.part.replace('/', 'of')}" if args.part else ""))
     header = (f"## zoo {tag}: {' '.join(sys.argv[1:])}\n\n" + ", ".join(f"{k} {v}" for k, v in info.items()) +
               ("; lowering " + args.lowering if args.cpu_smoke else "; TF32 off; warm compile = in-process recompile "
                "after torch._dynamo.reset()"))
-    write(rows, tag, header)
+    results.finish(header)
     return 0 if all(r.get("ok") or "skipped" in r for r in rows) else 1
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 from torch_backend_gpu import LOW_TOL, rel_err
-from zoo import lowering, sync, write
+from zoo import Results, lowering, sync
 from zoo_models import ZooModel, available, get
 
 import fusegraph as fg
@@ -183,17 +182,19 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("no GPU: use --train --cpu-smoke")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    rows = []
+    tag = "train-cpu-smoke" if args.cpu_smoke else "train-gpu"
+    results = Results(tag)
+    rows = results.rows
     start = time.perf_counter()
     for name in TRAIN_MODELS:
         if args.only and name not in args.only:
             continue
         if args.budget_s and rows and time.perf_counter() - start > args.budget_s / 2:
-            rows.append({"model": name, "skipped": "time budget"})
+            results.add({"model": name, "skipped": "time budget"})
             continue
         missing = available(get(name))
         if missing:
-            rows.append({"model": name, "skipped": missing})
+            results.add({"model": name, "skipped": missing})
             continue
         try:
             with lowering(args.lowering):
@@ -201,10 +202,8 @@ def main(args: argparse.Namespace) -> int:
         except Exception as err:  # a raise is a bug to report, not a crash of the run
             row = {"model": name, "ok": False, "error": f"{type(err).__name__}: {err}"[:600]}
             torch._dynamo.reset()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    tag = "train-cpu-smoke" if args.cpu_smoke else "train-gpu"
+        results.add(row)
     from zoo import versions
     header = f"## zoo {tag}\n\n" + ", ".join(f"{k} {v}" for k, v in versions().items())
-    write(rows, tag, header, markdown_train)
+    results.finish(header, markdown_train)
     return 0 if all(r.get("ok") or "skipped" in r for r in rows) else 1
