@@ -123,7 +123,8 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
     fn = load_triton_function(gen.source, gen.name)
     args = inputs(group, device)
     epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", device, {})
-    library = cublas.cublas_launch(group, epilogue)
+    amax = [_LazyEpilogue(group, name, "float32", device, {}, r, f"amax{k}") for k, r in enumerate(group.reductions)]
+    library = cublas.cublas_launch(group, epilogue, amax)
     expected = library(args)
     launches = []
     for c in configs:
