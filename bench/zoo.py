@@ -2,12 +2,18 @@
 torch.compile (Inductor, default mode) and fusegraph (torch.compile backend), inference.
 
     python bench/zoo.py --list
-    python bench/zoo.py --part 1/4 --budget-s 540          # on the H200: one quarter of the zoo per call
+    # on the H200, one 10-minute call each (k = 1..4); rows past the budget are listed as skipped:
+    python bench/zoo.py --dtypes bfloat16 --no-warm --part k/4 --budget-s 520
+    python bench/zoo.py --dtypes float32 --no-warm --part k/4 --budget-s 520
+    python bench/zoo.py --only tv_resnet50 hf_gpt2 --dtypes bfloat16          # with the warm recompiles
     python bench/zoo.py --only tv_resnet50 hf_gpt2 --dtypes bfloat16 --quick
     python bench/zoo.py --train                             # GPT-2-124M and ResNet-50 training steps (zoo_train.py)
     TRITON_INTERPRET=1 python bench/zoo.py --cpu-smoke      # tiny configs on CPU, float32, no Inductor
     python bench/zoo.py --cpu-smoke --lowering reference    # the same through the reference lowering (faster)
     python bench/zoo.py --minilm                            # the real-weight model on CPU (fp32, vs eager)
+    # the real-weight model on the GPU: export its weights in fp16 here (44 MiB), carry the folder, point to it
+    python bench/zoo_minilm.py --export-fp16 build/minilm_fp16
+    ZOO_MINILM_DIR=build/minilm_fp16 python bench/zoo.py --only st_all_minilm_l6_v2     # (carry build/minilm_fp16)
 
 Per model and dtype (GPU: float32 with TF32 off on both sides, and bfloat16):
 - correctness: float32 by relative norm error vs eager (<= 1e-4); bfloat16 against an fp32 reference of
