@@ -64,6 +64,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
     primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
     if options.get("fuse", True):
+        from .fusion.views import prepare as prepare_views   # views as strided aliases (fusion/views.py)
+
+        primitive = prepare_views(primitive, options.get("output_strides"))
         kernels = lower_fused(primitive, device, options)
     else:
         kernels = lower_reference(primitive)

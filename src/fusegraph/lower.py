@@ -36,7 +36,7 @@ class FusionFallbackWarning(UserWarning):
 
 
 def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note: str = "",
-                device: str | None = None) -> Kernel:
+                device: str | None = None, kind: str | None = None) -> Kernel:
     """A kernel that runs one node with its reference implementation (also the eager fallback).
     Sources (constants, scalars) are made once, on `device`, at build time."""
     inputs = tuple(i for i in node.inputs)
@@ -59,9 +59,33 @@ def node_kernel(node: Node, compute_dtype: str, backend: str = "reference", note
     # getitem picks one value of a multi-output node: it moves nothing
     cost = Cost(0, 0) if node.op == "getitem" else opdef.cost([i.spec for i in node.inputs], list(node.specs),
                                                                node.attrs)
-    return Kernel(name=f"{backend}_{node.name}", kind="eager" if backend == "eager" else "library",
+    kind = kind or ("eager" if backend == "eager" else "library")
+    return Kernel(name=f"{backend}_{node.name}", kind=kind,
                   backend=backend, nodes=(node,), inputs=inputs, outputs=(node,), cost=cost,
                   launch=launch, source=f"# {node.op} via torch reference", note=note)
+
+
+def view_kernel(node: Node, strides: tuple[int, ...], offset: int) -> Kernel:
+    """A view node run as a torch strided view of its input (kind "view": no launch, no copy; the
+    output aliases input 0). The input is expected in its spec's strides (every kernel writes its
+    outputs so); one that is not is first copied into them, so the view's strides stay exact."""
+    src = node.inputs[0]
+    shape = tuple(node.shape)
+    in_shape, in_strides = tuple(src.shape), tuple(src.spec.memory_strides)
+    checked = tuple(k for k, size in enumerate(in_shape) if size > 1)
+    out_strides = tuple(strides)
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        x = args[0]
+        got = x.stride()
+        if any(got[k] != in_strides[k] for k in checked):
+            x = torch.empty_strided(in_shape, in_strides, dtype=x.dtype, device=x.device).copy_(x)
+        return [x.as_strided(shape, out_strides, x.storage_offset() + offset)]
+
+    return Kernel(name=f"view_{node.name}", kind="view", backend="torch", nodes=(node,), inputs=(src,),
+                  outputs=(node,), cost=Cost(0, 0), launch=launch,
+                  source=f"# {node.op}: as_strided({shape}, {out_strides}, +{offset}) of its input, no copy",
+                  note="strided view of the input (no copy)")
 
 
 def lower_reference(graph: Graph) -> list[Kernel]:
@@ -76,10 +100,12 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     from .backends.matmul_kernel import matmul_group_kernel
     from .backends.plan_precompile import precompile_plan
     from .fusion.epilogue import ConvGroup, MatmulGroup, claim_epilogues
+    from .fusion.views import alias_kernel_specs
 
     mark("layout + views")
     kernels: list[Kernel] = []
-    items = claim_epilogues(partition_graph(graph).items, graph)
+    aliases = alias_kernel_specs(graph)   # views computed by torch as strided views: no copy
+    items = claim_epilogues(partition_graph(graph, aliases).items, graph)
     mark("partition")
     precompile_plan(items, device, options)  # the kernels' Triton candidates compile at once, in parallel
     mark("precompile (parallel)")
@@ -89,6 +115,11 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
             kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
         elif isinstance(item, ConvGroup):
             kernels.append(conv_group_kernel(item, f"fg_k{k}_conv", graph.compute_dtype, device, options))
+        elif isinstance(item, Node) and item.id in aliases:
+            kernels.append(view_kernel(item, *aliases[item.id]))
+        elif isinstance(item, Node) and item.op == "getitem":
+            kernels.append(node_kernel(item, graph.compute_dtype, note="picks one output", device=device,
+                                       kind="view"))
         elif isinstance(item, Node):
             kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
                            or node_kernel(item, graph.compute_dtype, note="no code generation for this op",

@@ -55,7 +55,8 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         return [run_node(node, list(args), compute_dtype, args[0].device)]
 
     kernel = Kernel(name=name, kind="attention", backend="reference", nodes=(node,), inputs=tuple(node.inputs),
-                    outputs=(node,), cost=cost, launch=reference, source=f"# {node.op} via torch reference")
+                    outputs=(node,), cost=cost, launch=in_spec_strides(node, reference),
+                    source=f"# {node.op} via torch reference")
     why = attention_supported(problem)
     candidates: dict[str, Any] = {}
     if why is None:
@@ -130,10 +131,11 @@ def _triton_source(backward: bool) -> str:
 
 def _triton_forward(node: Node, p: AttentionProblem, config: dict[str, Any]) -> Any:
     with_lse = bool(node.attrs.get("return_lse", False))
+    out_strides = node.specs[0].memory_strides   # e.g. [B, T, H, D] in memory (fusion/views.py)
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
         mask = args[3] if p.mask_kind else None
-        out, lse = attention_forward(args[0], args[1], args[2], mask, p, config)
+        out, lse = attention_forward(args[0], args[1], args[2], mask, p, config, out_strides)
         return [(out, lse)] if with_lse else [out]
 
     return launch

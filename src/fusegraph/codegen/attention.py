@@ -294,10 +294,14 @@ def _mask_view(mask: torch.Tensor | None, p: AttentionProblem) -> tuple[torch.Te
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                      p: AttentionProblem, config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, H, Sq, Dv] in q's dtype, lse [B, H, Sq] fp32) with the Triton forward kernel."""
+                      p: AttentionProblem, config: dict[str, Any],
+                      out_strides: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, Sq, Dv] in q's dtype, contiguous or in `out_strides`; lse [B, H, Sq] fp32) with
+    the Triton forward kernel."""
     fn = _kernel("attention_fwd")
-    out = torch.empty((p.batch, p.heads, p.sq, p.head_dim_v), dtype=q.dtype, device=q.device)
+    shape = (p.batch, p.heads, p.sq, p.head_dim_v)
+    out = torch.empty(shape, dtype=q.dtype, device=q.device) if out_strides is None else \
+        torch.empty_strided(shape, out_strides, dtype=q.dtype, device=q.device)
     lse = torch.empty((p.batch, p.heads, p.sq), dtype=torch.float32, device=q.device)
     mask_t, ms = _mask_view(mask, p)
     bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])

@@ -152,6 +152,7 @@ class PartitionRecord:
     kernels: int = 0
     # one line per Plan kernel: "kind/backend: op+op+..." (fg.explain, bench/torch_backend_gpu.py)
     kernel_ops: list[str] = field(default_factory=list)
+    views: int = 0                      # view kernels (strided aliases, no launch), not in kernel_ops
 
 
 @dataclass
@@ -184,8 +185,10 @@ class CompiledPartition(torch.nn.Module):
         try:
             self._build(input_vals, build_options)
             kernels: list[Any] = self.plan.kernels if self.plan is not None else []
-            record.status, record.kernels = "fusegraph", len(kernels)
-            record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in kernels]
+            launched = [k for k in kernels if k.kind != "view"]   # views alias their input: no launch
+            record.status, record.kernels = "fusegraph", len(launched)
+            record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in launched]
+            record.views = len(kernels) - len(launched)
         except Exception as err:  # any translation or build failure: this partition runs in torch
             if settings.debug >= 2:
                 traceback.print_exc()
@@ -232,6 +235,7 @@ class CompiledPartition(torch.nn.Module):
         out_nodes = [out_args] if self._single else list(out_args)
         inputs = [env[p].node.id if env[p] is not None else None for p in placeholders]
         plan_outputs: list[Tensor] = []
+        out_strides: list[tuple[int, ...] | None] = []
         self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
@@ -251,10 +255,13 @@ class CompiledPartition(torch.nn.Module):
                 continue
             if all(value is not t for t in plan_outputs):
                 plan_outputs.append(value)
+                val = out.meta.get("val")   # returned in torch's layout (no restriding copy after)
+                out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
             self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
         if plan_outputs:
             g.set_output(*plan_outputs)
-            self.plan = g.build(device=None if self._device is None else self._device.type, **build_options)
+            self.plan = g.build(device=None if self._device is None else self._device.type,
+                                **{"output_strides": out_strides, **build_options})
 
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":

@@ -16,6 +16,7 @@ dim of F it indexes (None where it is broadcast), so broadcasting is index arith
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ..ir import dtypes
@@ -305,10 +306,12 @@ def _ident(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)[:24]
 
 
-def partition_graph(graph: Graph) -> Partition:
+def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
     """Group `graph` (primitives only) into kernels, in an order where each reads only what
-    earlier kernels wrote."""
+    earlier kernels wrote. `aliases`: ids of view nodes computed as torch views of their input
+    (fusion/views.py): like library nodes, they read a materialized input and are read as loads."""
     library_ids = {n.id for n in graph.nodes if n.op != "input" and not is_literal(n) and not fusable(n)}
+    library_ids |= set(aliases)
     while True:  # an anchor that cannot be traced alone runs by reference; its inputs then become anchors
         anchors, literal_library = _anchors(graph, library_ids)
         boundary = {n.id for n in anchors} | library_ids | literal_library
@@ -335,7 +338,11 @@ def partition_graph(graph: Graph) -> Partition:
             group_of[anchor.id] = alone
         else:
             group_of[anchor.id] = target
-    _merge_same_domain(groups, group_of, boundary, ancestors)
+    alias_root: dict[int, int] = {}   # an aliased view -> the value whose memory it views
+    for n in graph.nodes:
+        if n.id in aliases:
+            alias_root[n.id] = alias_root.get(n.inputs[0].id, n.inputs[0].id)
+    _merge_same_domain(groups, group_of, boundary, ancestors, alias_root)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
     external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
@@ -474,9 +481,15 @@ def _bits(ancestors: dict[int, int]) -> dict[int, int]:
 
 
 def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGroup], boundary: set[int],
-                       ancestors: dict[int, int]) -> None:
-    """Second round: merge groups of one domain that depend on each other or read the same data,
+                       ancestors: dict[int, int], alias_root: dict[int, int] | None = None) -> None:
+    """Second round: merge groups of one domain that depend on each other or read the same data
+    (also through different views of one tensor: q, k and v sliced out of one qkv projection),
     when no third kernel sits between them (greedy anchor order can leave such pairs apart)."""
+    roots = alias_root or {}
+
+    def read(g: KernelGroup) -> set[int]:
+        return {roots.get(e.node.id, e.node.id) for e in g.loads}
+
     def deps(g: KernelGroup) -> set[int]:
         return {id(group_of[e.node.id]) for e in g.loads if e.node.id in group_of} - {id(g)}
 
@@ -488,8 +501,7 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
             for b in list(groups):
                 if a is b or a.domain != b.domain or a not in groups or b not in groups:
                     continue
-                related = id(a) in deps(b) or id(b) in deps(a) or \
-                    {e.node.id for e in a.loads} & {e.node.id for e in b.loads}
+                related = id(a) in deps(b) or id(b) in deps(a) or read(a) & read(b)
                 if not related:
                     continue
                 first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)

@@ -1,0 +1,349 @@
+"""Zero-copy views at kernel boundaries, and reshapes moved out of the way of GEMM epilogues.
+
+Run on the primitive graph just before partitioning (compiler.py, fused lowering only):
+
+1. `sink_reshapes`: AOTAutograd spells a Linear on [B, T, D] as view -> addmm -> view, so a
+   reshape [B*T, N] -> [B, T, N] sits between a matmul (+ bias) and the residual add after it and
+   the epilogue fuser, which needs the add to iterate the matmul's own output space, cannot claim
+   it. A reshape that only regroups leading dims (the trailing dims are kept) commutes with a
+   pointwise op when the op's other operands broadcast over those leading dims (a bias) or have
+   the full shape (reshaped too: a free view of a materialized value): p(reshape(x), y) becomes
+   reshape(p(x, reshape(y))). Chains of such reshapes then cancel (simplify), so bias + residual
+   (or bias + gelu) land in the matmul's epilogue.
+
+2. `view_aliases` / `assign_view_strides`: a view node whose value must exist in memory (read by a
+   library node such as a matmul or attention, a graph output, or a view the generated kernels
+   cannot fold into indexing) is computed by torch as a strided view of its input's actual layout
+   (no copy, no kernel launch: a Kernel of kind "view"), when the view can be expressed that way.
+   Its TensorSpec then carries the real strides, which every consumer reads (generated Triton
+   kernels bake spec strides into their indexing; the GEMM takes them as literals; library kernels
+   take any strides). A reshape that regroups non-contiguous dims stays a copy. Graph outputs
+   stay dense: an output view is an alias only when its strides are the contiguous ones.
+
+   An attention output read only through transpose(1, 2) (then usually reshape [B, T, H*D]) is
+   laid out as [B, T, H, D] in memory (what torch's SDPA backends produce anyway), so the
+   transpose and the reshape feeding the output projection are free views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.registry import MATMUL, POINTWISE, REDUCTION, VIEW, get_op
+from ..ir.spec import TensorSpec, contiguous_strides, strides_for_order
+from ..passes.base import Pass
+from .partition import fusable, is_literal, is_unit_reduction
+
+ATTENTION_OPS = ("scaled_dot_product_attention",)
+BTHD = (0, 2, 1, 3)
+
+
+# ---- 1. reshapes sunk below pointwise ops ----
+
+def leading_regroup(node: Node) -> int | None:
+    """For a reshape that regroups only leading dims, the number of trailing dims it keeps (> 0)."""
+    if node.op != "reshape" or node.multi_output:
+        return None
+    src, out = node.inputs[0].shape, node.shape
+    r = 0
+    while r < min(len(src), len(out)) and src[len(src) - 1 - r] == out[len(out) - 1 - r]:
+        r += 1
+    if r == 0 or src == out or math.prod(src[:len(src) - r]) != math.prod(out[:len(out) - r]):
+        return None
+    return r
+
+
+def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> Node | None:
+    """p(..., reshape(x), ...) -> reshape(p'(...), p.shape) when the reshape regroups leading dims
+    of a value that comes from a matmul (through pointwise ops) and p is its only reader (`single`
+    per input; a reshape read by several ops stays: x then stays one stored value, not one
+    recomputed in each reader's kernel); see the module docstring."""
+    if not get_op(node.op).has(POINTWISE) or node.multi_output:
+        return None
+    for j, r_node in enumerate(node.inputs):
+        kept = leading_regroup(r_node)
+        if kept is None or not single[j] or r_node.shape != node.shape or \
+                not from_matmul.get(r_node.inputs[0].id, False):
+            continue
+        x = r_node.inputs[0]
+        inputs: list[Node] = []
+        for i, other in enumerate(node.inputs):
+            lead = other.spec.rank - kept
+            if i == j:
+                inputs.append(x)
+            elif lead <= 0:
+                inputs.append(other)                                  # broadcast over the leading dims
+            elif all(s == 1 for s in other.shape[:lead]):
+                inputs.append(_reshape(other, other.shape[lead:]))
+            elif other.shape == node.shape:
+                inputs.append(_reshape(other, x.shape))               # a free view when materialized
+            else:
+                break
+        else:
+            inner = _emit(node, node.op, inputs, dict(node.attrs), suffix="_flat")
+            if inner is None or inner.shape != x.shape:
+                continue
+            return _emit(node, "reshape", [inner], {"shape": node.shape}, suffix="")
+    return None
+
+
+def _reshape(node: Node, shape: tuple[int, ...]) -> Node:
+    if node.op == "reshape" and node.inputs[0].shape == tuple(shape):
+        return node.inputs[0]            # reshape(reshape(y)) back to y's shape: y
+    out = _emit(node, "reshape", [node], {"shape": tuple(shape)}, suffix="_flat")
+    assert out is not None
+    return out
+
+
+def _emit(like: Node, op: str, inputs: list[Node], attrs: dict[str, Any], suffix: str) -> Node | None:
+    from ..passes.simplify import rebuild
+
+    made = rebuild(like, op, inputs, **attrs)
+    return None if made is None else made.replace(name=like.name + suffix)
+
+
+def sink_reshapes(graph: Graph) -> Graph:
+    """Move leading-dim regrouping reshapes of matmul results below the pointwise ops after them."""
+    users = graph.users()
+    from_matmul: dict[int, bool] = {}
+    mapping: dict[int, Node] = {}
+    for node in graph.nodes:
+        if node.op == "input":
+            mapping[node.id] = node
+            continue
+        inputs = tuple(mapping[i.id] for i in node.inputs)
+        changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
+        new = node.replace(inputs=inputs) if changed else node
+        single = [len({u.id for u in users.get(i.id, [])}) == 1 for i in node.inputs]
+        new = _sink_rule(new, single, from_matmul) or new
+        if new.op == "reshape" and new.inputs[0].op == "reshape":   # reshape(reshape(y)): one reshape
+            inner_src = new.inputs[0].inputs[0]
+            collapsed = inner_src if inner_src.shape == new.shape else \
+                _emit(new, "reshape", [inner_src], {"shape": new.shape}, suffix="")
+            new = collapsed or new
+        for n in (*new.inputs, new):
+            if n.id not in from_matmul:
+                from_matmul[n.id] = _from_matmul(n, from_matmul)
+        mapping[node.id] = new
+    outputs = tuple(mapping[n.id] for n in graph.outputs)
+    if all(a is b for a, b in zip(outputs, graph.outputs, strict=True)):
+        return graph
+    return graph.with_(outputs=outputs)
+
+
+def _from_matmul(n: Node, known: dict[int, bool]) -> bool:
+    opdef = get_op(n.op)
+    if opdef.has(MATMUL) and opdef.extra.get("kernel_kind") == "matmul":
+        return True
+    if opdef.has(POINTWISE) and not n.multi_output:
+        return any(known.get(i.id, False) and i.shape == n.shape for i in n.inputs)
+    return n.op == "reshape" and known.get(n.inputs[0].id, False)
+
+
+# ---- 2. strided views instead of copies ----
+
+def _fold(node: Node, in_strides: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    fold = get_op(node.op).extra.get("fold")
+    if fold is None:
+        return None
+    result = fold(node.inputs[0].spec, node.attrs, in_strides, 0)
+    return None if result is None else (tuple(result[0]), int(result[1]))
+
+
+def output_layouts(graph: Graph, output_strides: Sequence[Any] | None = None) -> dict[int, tuple[int, ...]]:
+    """Graph outputs -> the strides they are to be returned in: `output_strides` (one entry per
+    output, None = contiguous; the torch frontend asks for the strides torch would have produced, a
+    dense permutation) where valid for the output's shape, else a spec's own explicit strides."""
+    wanted: dict[int, tuple[int, ...]] = {}
+    given = list(output_strides or [])
+    for k, node in enumerate(graph.outputs):
+        if node.multi_output:
+            continue
+        ask = given[k] if k < len(given) else None
+        if ask is not None and _dense_permutation(node.shape, tuple(ask)):
+            wanted[node.id] = tuple(int(s) for s in ask)
+        elif node.spec.strides is not None:
+            wanted[node.id] = node.spec.strides
+        else:
+            wanted[node.id] = node.spec.memory_strides
+    return wanted
+
+
+def _dense_permutation(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Every element once, no gaps: the strides of a permuted contiguous tensor."""
+    if len(strides) != len(shape):
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def attention_out_layouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """Attention nodes whose output (index 0) is read only through transpose(1, 2): node id ->
+    strides laying the output out as [B, T, H, D]. A graph output qualifies only when it is to be
+    returned in that layout (`wanted`, see output_layouts)."""
+    users = graph.users()
+    out: dict[int, tuple[int, ...]] = {}
+    for node in graph.nodes:
+        if node.op not in ATTENTION_OPS or node.specs[0].rank != 4:
+            continue
+        bthd = strides_for_order(node.specs[0].shape, BTHD)
+        value = node
+        if node.multi_output:
+            picks = [u for u in users.get(node.id, []) if u.op == "getitem" and u.attrs["index"] == 0]
+            if len(picks) != 1:
+                continue
+            value = picks[0]
+        if value.id in wanted and not _same_strides(value.shape, wanted[value.id], bthd):
+            continue
+        readers = users.get(value.id, [])
+        perm = [get_op(u.op).extra["view_params"](u.inputs[0].spec, u.attrs)["perm"]
+                if get_op(u.op).extra.get("view") == "permute" else None for u in readers]
+        if (readers or value.id in wanted) and all(p == BTHD for p in perm):
+            out[node.id] = bthd
+    return out
+
+
+def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
+                 ) -> dict[int, tuple[tuple[int, ...], int]]:
+    """View nodes computed as torch views of their input: node id -> (strides, element offset).
+    A view is one when its value must be in memory (read by a library node, an output, or a view
+    the generated kernels cannot fold) and it is a strided view of its input's layout, the input
+    being in memory anyway or itself such a view (a chain reshape -> permute -> slice -> reshape
+    of one GEMM result is views all the way down, though the generated kernels could fold the
+    inner ones into indexing)."""
+    wanted = output_layouts(graph) if wanted is None else wanted
+    users = graph.users()
+    layouts = attention_out_layouts(graph, wanted)
+    strides: dict[int, tuple[int, ...]] = {}   # real strides of values whose spec is being changed
+    chosen: dict[int, tuple[tuple[int, ...], int]] = {}
+    refused: set[int] = set()
+    for node in graph.nodes:
+        if node.id in layouts:
+            strides[node.id] = layouts[node.id]
+        elif node.op == "getitem" and node.inputs[0].id in layouts and node.attrs["index"] == 0:
+            strides[node.id] = layouts[node.inputs[0].id]
+
+    def viewable(node: Node) -> bool:
+        return get_op(node.op).has(VIEW) and len(node.inputs) == 1 and not node.inputs[0].multi_output \
+            and "fold" in get_op(node.op).extra
+
+    def alias(node: Node) -> bool:
+        """Make `node` an alias if it can be one (its input first, when that is a view too)."""
+        if node.id in chosen:
+            return True
+        if node.id in refused:
+            return False
+        src = node.inputs[0]
+        base_ok = _materialized(src, node, chosen, users, wanted)
+        if viewable(src) and src.id not in wanted and not (base_ok and not fusable(src)):
+            base_ok = alias(src) or base_ok
+        folded = _fold(node, strides.get(src.id, src.spec.memory_strides)) if base_ok else None
+        readers = users.get(node.id, [])
+        if folded is None or (node.id in wanted and not _same_strides(node.shape, folded[0], wanted[node.id])) or \
+                (any(s == 0 for s, size in zip(folded[0], node.shape, strict=True) if size > 1) and
+                 any(get_op(u.op).has(MATMUL) for u in readers)):
+            # not a view of its input's layout; an output asked for in another layout (a copy); a
+            # broadcast (stride-0) GEMM operand (materialized as before)
+            refused.add(node.id)
+            return False
+        chosen[node.id] = folded
+        strides[node.id] = folded[0]
+        return True
+
+    for node in graph.nodes:
+        if node.id in layouts or not viewable(node):
+            continue
+        readers = users.get(node.id, [])
+        if not fusable(node) or node.id in wanted or any(not fusable(u) and not is_literal(u) for u in readers):
+            alias(node)
+    return chosen
+
+
+def _same_strides(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y for x, y, s in zip(a, b, shape, strict=True) if s > 1)
+
+
+def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int, list[Node]],
+                  outputs: dict[int, Any]) -> bool:
+    """Is `src` in memory anyway (so a view of it costs nothing), or no smaller than the view?"""
+    if src.op in ("input", "getitem") or src.id in chosen or src.id in outputs:
+        return True
+    opdef = get_op(src.op)
+    if not fusable(src) or (opdef.has(REDUCTION) and not is_unit_reduction(src)):
+        return True
+    if any(not fusable(u) and u.id != view.id for u in users.get(src.id, [])):
+        return True
+    return view.spec.numel >= src.spec.numel
+
+
+def with_strides(spec: TensorSpec, strides: tuple[int, ...]) -> TensorSpec:
+    """`spec` laid out with `strides` (a plain row-major spec when they are the contiguous ones)."""
+    if spec.layout is None and spec.strides is None and \
+            _same_strides(spec.shape, strides, contiguous_strides(spec.shape)):
+        return spec
+    return spec.with_(strides=tuple(strides), layout="strided")
+
+
+def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = None) -> Graph:
+    """The graph with the real strides of every aliased view, of attention outputs laid out as
+    [B, T, H, D], and of view outputs copied into the layout `output_strides` asks for, in their
+    TensorSpecs."""
+    wanted = output_layouts(graph, output_strides)
+    layouts = attention_out_layouts(graph, wanted)
+    aliases = view_aliases(graph, wanted)
+    new_specs: dict[int, tuple[int, ...]] = {}
+    for node in graph.nodes:
+        if node.id in layouts:
+            new_specs[node.id] = layouts[node.id]
+        elif node.op == "getitem" and node.inputs[0].id in layouts and node.attrs["index"] == 0:
+            new_specs[node.id] = layouts[node.inputs[0].id]
+        elif node.id in aliases:
+            new_specs[node.id] = aliases[node.id][0]
+        elif node.id in wanted and get_op(node.op).has(VIEW) and \
+                not _same_strides(node.shape, wanted[node.id], node.spec.memory_strides):
+            new_specs[node.id] = wanted[node.id]     # a copied view output, written in that layout
+    if not new_specs:
+        return graph
+    mapping: dict[int, Node] = {}
+    for node in graph.nodes:
+        if node.op == "input":
+            mapping[node.id] = node
+            continue
+        inputs = tuple(mapping[i.id] for i in node.inputs)
+        specs = node.specs
+        if node.id in new_specs:
+            specs = (with_strides(specs[0], new_specs[node.id]), *specs[1:])
+        changed = specs is not node.specs or any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
+        mapping[node.id] = node.replace(inputs=inputs, specs=specs) if changed else node
+    return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
+
+
+def prepare(graph: Graph, output_strides: Sequence[Any] | None = None) -> Graph:
+    """sink_reshapes (then cse/dce), then assign_view_strides (see the module docstring).
+    `output_strides`: per graph output, the strides to return it in (None: contiguous)."""
+    from ..passes.cse import cse
+    from ..passes.dce import dce
+
+    sunk = Pass("sink_reshapes", sink_reshapes)(graph)
+    if sunk.outputs != graph.outputs or len(sunk.nodes) != len(graph.nodes):
+        sunk = dce(cse(sunk))
+    return Pass("view_strides", lambda g: assign_view_strides(g, output_strides))(sunk)
+
+
+def alias_kernel_specs(graph: Graph) -> dict[int, tuple[tuple[int, ...], int]]:
+    """The aliases lower_fused turns into view kernels: those whose spec already carries the strides
+    (the graph went through `prepare`); others stay copies."""
+    out = {}
+    by_id = {n.id: n for n in graph.nodes}
+    for nid, (strides, offset) in view_aliases(graph).items():
+        if _same_strides(by_id[nid].shape, by_id[nid].spec.memory_strides, strides):
+            out[nid] = (strides, offset)
+    return out

@@ -1,0 +1,184 @@
+"""Zero-copy views (fusion/views.py): views at kernel boundaries are strided aliases (kind "view",
+no launch), reshapes around matmuls no longer block epilogue fusion, and SDPA reads q/k/v as
+strided views of the fused qkv projection. Kernel counts are asserted on the torch.compile path
+(the transformer block of bench/torch_backend_gpu.py) and on graphs built with fg.Graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusegraph as fg
+from conftest import assert_close, rand
+
+LAYOUT_OPS = {"reshape", "permute", "transpose", "expand", "slice", "getitem", "cast", "pad", "cat", "squeeze",
+              "unsqueeze", "flatten", "constant", "iota"}
+
+
+class Block(nn.Module):
+    """bench/torch_backend_gpu.py's Block: pre-LN attention (fused qkv, SDPA) and a gelu MLP."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+def kernel_lists(compiled: torch.nn.Module) -> dict[str, list[str]]:
+    """Per ATen graph kind: the launched kernels ("kind/backend: op+op") of its fusegraph partitions."""
+    out: dict[str, list[str]] = {}
+    for graph in compiled.fusegraph_report.graphs:
+        out.setdefault(graph.kind, []).extend(k for p in graph.partitions if p.status == "fusegraph"
+                                              for k in p.kernel_ops)
+        assert all(p.status == "fusegraph" for p in graph.partitions), graph.partitions
+    return out
+
+
+def layout_only(kernels: list[str]) -> list[str]:
+    return [k for k in kernels if set(k.split(": ", 1)[1].split("+")) <= LAYOUT_OPS]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_block_inference_kernels_and_numerics(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = Block(64, 4).to(dtype)
+    x = torch.randn(2, 16, 64, dtype=dtype)
+    torch._dynamo.reset()
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    assert_close(got, want, tol=1e-4 if dtype == torch.float32 else 1e-2)
+    kernels = kernel_lists(compiled)["inference"]
+    # 2 layernorms, 4 GEMMs with their epilogues, 1 attention (was 25 kernels, 16 layout-only)
+    assert len(kernels) <= 8, kernels
+    assert len(layout_only(kernels)) <= 1, kernels
+    gemms = [k for k in kernels if k.startswith("matmul/")]
+    assert len(gemms) == 4, kernels
+    # bias + residual in the proj and fc2 epilogues, bias + gelu in fc1's
+    assert sum(k.endswith("matmul+add+add") for k in gemms) == 2, gemms
+    assert any(k.endswith("matmul+add+gelu") for k in gemms), gemms
+    assert not any(k.startswith("pointwise/") for k in kernels), kernels
+
+
+def test_block_training_gradients_match_eager() -> None:
+    torch.manual_seed(0)
+    model = Block(64, 4)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    grad = torch.randn(2, 16, 64)
+    torch._dynamo.reset()
+    compiled = fg.compile(model)
+    out = compiled(x)
+    out.backward(grad)
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    want_out = model(x)
+    want_out.backward(grad)
+    want = [p.grad for p in model.parameters()] + [x.grad]
+    assert_close(out, want_out, tol=1e-4)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, tol=1e-4)
+    kernels = kernel_lists(compiled)
+    fwd = kernels["forward"]
+    # the forward's GEMM epilogues fuse as in inference; q/k/v and the attention output are saved
+    # for the backward (dense outputs): at most those copies are layout-only
+    assert sum(k.startswith("matmul/") for k in fwd) == 4, fwd
+    assert sum(k.endswith("matmul+add+add") for k in fwd) == 2, fwd
+    assert len(layout_only(fwd)) <= 4, fwd
+    assert len(fwd) <= 11, fwd
+
+
+def _views(plan: object) -> list[str]:
+    return [k.nodes[0].op for k in plan.kernels if k.kind == "view"]
+
+
+def test_graph_permute_slice_feed_matmul_without_copies() -> None:
+    # y = x[:, 8:24].T @ w: the transpose becomes the matmul's trans_a flag (simplify), the slice a
+    # strided view the GEMM reads in place (it was a copy kernel)
+    g = fg.Graph(name="views_mm", compute_dtype="float32")
+    x = g.tensor((16, 32), dtype="float32", name="x")
+    w = g.tensor((16, 12), dtype="float32", name="w")
+    xs = g.slice(x, dim=1, start=8, end=24)
+    y = g.matmul(g.transpose(xs, 0, 1), w)
+    y.set_output()
+    plan = g.build(device="cpu")
+    x_t, w_t = rand(16, 32), rand(16, 12)
+    assert_close(plan(x_t, w_t), x_t[:, 8:24].T @ w_t, tol=1e-5)
+    assert _views(plan) == ["slice"], [k.name for k in plan.kernels]
+    assert [k.kind for k in plan.kernels if k.kind != "view"] == ["matmul"]
+
+
+def test_graph_qkv_views_feed_attention() -> None:
+    # q, k, v as views of one [B, T, 3, H, D] tensor, the attention output read back through
+    # transpose + reshape into a matmul: no copy kernels, the output laid out [B, T, H, D]
+    b, t, h, d = 2, 16, 2, 16
+    g = fg.Graph(name="views_sdpa", compute_dtype="float32")
+    qkv = g.tensor((b, t, 3 * h * d), dtype="float16", name="qkv")
+    wo = g.tensor((h * d, h * d), dtype="float16", name="wo")
+    heads = g.permute(g.reshape(qkv, b, t, 3, h, d), 2, 0, 3, 1, 4)
+    q, k, v = (g.reshape(g.slice(heads, dim=0, start=i, end=i + 1), b, h, t, d) for i in range(3))
+    att = g.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = g.matmul(g.reshape(g.transpose(att, 1, 2), b * t, h * d), wo)
+    y.set_output()
+    plan = g.build(device="cpu")
+    assert [k.kind for k in plan.kernels if k.kind != "view"] == ["attention", "matmul"], \
+        [f"{k.kind}: {'+'.join(k.ops)}" for k in plan.kernels]
+    sdpa = next(k for k in plan.kernels if k.kind == "attention").nodes[0]
+    assert sdpa.spec.strides == (t * h * d, d, h * d, 1)     # [B, T, H, D] in memory
+    qkv_t, wo_t = rand(b, t, 3 * h * d, dtype=torch.float16), rand(h * d, h * d, dtype=torch.float16)
+    q_t, k_t, v_t = qkv_t.view(b, t, 3, h, d).permute(2, 0, 3, 1, 4).float()
+    att_t = F.scaled_dot_product_attention(q_t, k_t, v_t, is_causal=True)
+    want = att_t.transpose(1, 2).reshape(b * t, h * d) @ wo_t.float()
+    assert_close(plan(qkv_t, wo_t).float(), want, tol=1e-2)
+
+
+def test_regrouping_reshape_of_a_transposed_tensor_stays_a_copy() -> None:
+    g = fg.Graph(name="copy", compute_dtype="float32")
+    x = g.tensor((4, 6, 8), dtype="float32", name="x")
+    w = g.tensor((24, 5), dtype="float32", name="w")
+    y = g.matmul(g.reshape(g.transpose(x, 1, 2), 4 * 8, 6), g.slice(w, dim=0, end=6))
+    y.set_output()
+    plan = g.build(device="cpu")
+    x_t, w_t = rand(4, 6, 8), rand(24, 5)
+    assert_close(plan(x_t, w_t), x_t.transpose(1, 2).reshape(32, 6) @ w_t[:6], tol=1e-5)
+    copies = [k for k in plan.kernels if k.kind != "view" and k.kind != "matmul"]
+    assert len(copies) == 1 and "reshape" in copies[0].ops, [f"{k.kind}: {k.ops}" for k in plan.kernels]
+
+
+def test_output_views_stay_dense() -> None:
+    g = fg.Graph(name="out_view", compute_dtype="float32")
+    x = g.tensor((8, 12), dtype="float32", name="x")
+    w = g.tensor((12, 12), dtype="float32", name="w")
+    y = g.matmul(x, w)
+    g.transpose(y, 0, 1).set_output()     # a non-contiguous view: copied
+    g.reshape(y, 4, 24).set_output()      # contiguous: an alias
+    plan = g.build(device="cpu")
+    x_t, w_t = rand(8, 12), rand(12, 12)
+    t_out, r_out = plan(x_t, w_t)
+    assert t_out.is_contiguous() and r_out.is_contiguous()
+    assert_close(t_out, (x_t @ w_t).T, tol=1e-5)
+    assert_close(r_out, (x_t @ w_t).reshape(4, 24), tol=1e-5)
+
+
+def test_sunk_reshape_keeps_partial_broadcasts_apart() -> None:
+    # a [B, 1, N] operand does not broadcast over the flattened rows: the reshape stays where it is
+    g = fg.Graph(name="partial", compute_dtype="float32")
+    x = g.tensor((2, 4, 8), dtype="float32", name="x")
+    w = g.tensor((8, 8), dtype="float32", name="w")
+    s = g.tensor((2, 1, 8), dtype="float32", name="s")
+    y = g.mul(g.reshape(g.matmul(g.reshape(x, 8, 8), w), 2, 4, 8), s)
+    y.set_output()
+    plan = g.build(device="cpu")
+    x_t, w_t, s_t = rand(2, 4, 8), rand(8, 8), rand(2, 1, 8)
+    assert_close(plan(x_t, w_t, s_t), (x_t.reshape(8, 8) @ w_t).reshape(2, 4, 8) * s_t, tol=1e-5)
