@@ -69,6 +69,8 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     if device.startswith("cuda") and torch_ok:
         for backend in cudnn.SDPA_BACKENDS:
             candidates[f"torch:{backend}"] = (_torch_backward if backward else _torch_forward)(node, problem, backend)
+        if backward and node.attrs.get("has_lse", False) and problem.mask_kind == 0:
+            candidates.update(_direct_backward_candidates(node, problem, device, name))
         frontend = cudnn_frontend.sdpa_candidate(node, problem, device, name)  # None when not offered
         if frontend is not None:
             candidates["frontend:cudnn"] = frontend
@@ -93,7 +95,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     if chosen.startswith("triton"):
         kernel.backend, kernel.source = "triton", _triton_source(backward)
     else:
-        kernel.backend = "cudnn" if chosen.endswith("cudnn") else "torch"
+        kernel.backend = "cudnn" if "cudnn" in chosen else "torch"
         kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {chosen.split(':')[1]} backend"
         if chosen.startswith("frontend:"):
             kernel.source = "# cuDNN frontend SDPA graph (Graph API), built at build time"
@@ -175,6 +177,25 @@ def _torch_backward(node: Node, p: AttentionProblem, backend: str) -> Any:
     return launch
 
 
+def _direct_backward_candidates(node: Node, p: AttentionProblem, device: str, name: str) -> dict[str, Any]:
+    """torch's cuDNN / flash backward kernels fed our forward's out and lse (no forward recompute,
+    which the plain torch candidates pay); a backend that does not take the problem is left out."""
+    q, k, v = (torch.randn(i.shape, device=device).to(dtypes.to_torch(i.dtype)) for i in node.inputs[1:4])
+    found: dict[str, Any] = {}
+    for backend in ("cudnn", "flash"):
+        try:
+            direct = cudnn.SdpaBackwardWithLse(backend, q, k, v, p.causal, p.scale)
+        except (RuntimeError, TypeError, IndexError) as err:
+            _debug(name, f"direct {backend} backward not offered: {type(err).__name__}: {str(err)[:200]}")
+            continue
+
+        def launch(args: Sequence[torch.Tensor], direct: Any = direct) -> list[Any]:
+            return [direct(args[0], args[1], args[2], args[3], args[4], args[5])]
+
+        found[f"lse:{backend}"] = launch
+    return found
+
+
 def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[str, Any],
             device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
@@ -254,7 +275,7 @@ def _torch_baseline(labels: list[str], candidates: dict[str, Any], args: list[to
 
 
 def _agreeing(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> list[str]:
-    """Drop Triton candidates whose results differ from a torch backend's on the example inputs
+    """Drop candidates whose results differ from a torch backend's on the example inputs
     (when a torch backend ran: with return_lse/has_lse there is none to compare with)."""
     from .matmul_kernel import check_same
 
@@ -265,7 +286,7 @@ def _agreeing(name: str, labels: list[str], candidates: dict[str, Any], args: li
     kept = []
     for label in labels:
         try:
-            if label.startswith("triton"):
+            if not label.startswith("torch:"):  # ours, direct-lse and frontend candidates
                 check_same(_flat(candidates[label](args)), want, f"{name} {label} vs {baseline}")
             kept.append(label)
         except ValueError as err:
@@ -281,6 +302,23 @@ def _flat(results: list[Any]) -> list[torch.Tensor]:
 
 
 def _example_inputs(node: Node, device: str) -> list[torch.Tensor]:
+    """Random inputs; for a backward with the forward's lse, `out` and `lse` are the forward's own
+    (fp32 math) on the example q, k, v, so candidates that read them and candidates that recompute
+    the forward agree."""
+    out = _random_inputs(node, device)
+    if node.op == "sdpa_backward" and node.attrs.get("has_lse", False):
+        has_mask = node.attrs.get("has_mask", False)
+        fwd_inputs = out[1:4] + ([out[5]] if has_mask else [])
+        attrs = {k: v for k, v in node.attrs.items() if k != "has_lse"}
+        with torch.no_grad():
+            o, lse = get_op("scaled_dot_product_attention").reference(
+                fwd_inputs, {**attrs, "return_lse": True})
+        out[4] = o.to(out[4].dtype)
+        out[-1] = lse.to(out[-1].dtype).reshape(out[-1].shape)
+    return out
+
+
+def _random_inputs(node: Node, device: str) -> list[torch.Tensor]:
     out = []
     for n in node.inputs:
         dt = dtypes.to_torch(n.dtype)

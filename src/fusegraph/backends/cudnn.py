@@ -51,3 +51,42 @@ def conv2d_channels_last(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     w = w.contiguous(memory_format=torch.channels_last)
     return F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
                     dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
+
+
+class SdpaBackwardWithLse:
+    """(dq, dk, dv) from the forward's own output and log-sum-exp through torch's cuDNN or flash
+    backward kernel directly, without recomputing the forward (torch_sdpa_backward does). Our lse
+    ([B, H, Sq] fp32, natural log) is what those kernels keep; the auxiliary values they also take
+    (RNG seed/offset, sequence bookkeeping, the lse's own layout) come from one forward run on
+    example tensors at build time. Raises RuntimeError (at build) where the backend does not apply."""
+
+    def __init__(self, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: float) -> None:
+        if backend not in ("cudnn", "flash"):
+            raise RuntimeError(f"no direct backward for SDPA backend {backend!r}")
+        self.backend, self.causal, self.scale = backend, causal, scale
+        aten = torch.ops.aten
+        if backend == "cudnn":
+            res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+            self.lse_shape = tuple(res[1].shape)
+            self.aux = (res[6], res[7], res[2], res[3], res[4], res[5])  # seed, offset, cum_q, cum_k, max_q, max_k
+        else:
+            res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+            self.lse_shape = tuple(res[1].shape)
+            self.aux = (res[2], res[3], res[4], res[5], res[6], res[7])  # cum_q, cum_k, max_q, max_k, seed, offset
+
+    def __call__(self, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        aten = torch.ops.aten
+        lse = lse.reshape(self.lse_shape)
+        if self.backend == "cudnn":
+            seed, offset, cum_q, cum_k, max_q, max_k = self.aux
+            grads = aten._scaled_dot_product_cudnn_attention_backward(
+                grad_out, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, self.causal,
+                scale=self.scale)
+        else:
+            cum_q, cum_k, max_q, max_k, seed, offset = self.aux
+            grads = aten._scaled_dot_product_flash_attention_backward(
+                grad_out.contiguous(), q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, self.causal, seed, offset,
+                scale=self.scale)
+        return grads[0], grads[1], grads[2]
