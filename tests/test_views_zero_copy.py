@@ -182,3 +182,19 @@ def test_sunk_reshape_keeps_partial_broadcasts_apart() -> None:
     plan = g.build(device="cpu")
     x_t, w_t, s_t = rand(2, 4, 8), rand(8, 8), rand(2, 1, 8)
     assert_close(plan(x_t, w_t, s_t), (x_t.reshape(8, 8) @ w_t).reshape(2, 4, 8) * s_t, tol=1e-5)
+
+
+def test_pointwise_result_stored_in_the_order_a_permute_reshape_reads() -> None:
+    # the attention backward's (dq, dk, dv) stacked [3, B, H, T, D] -> permute -> reshape [B*T, 3*H*D]:
+    # the pointwise kernel writes its result permuted, so the reshape is a view (it was a copy)
+    g = fg.Graph(name="relayout", compute_dtype="float32")
+    x = g.tensor((3, 2, 4, 8, 8), dtype="float32", name="x")
+    w = g.tensor((3 * 4 * 8, 5), dtype="float32", name="w")
+    y = g.matmul(g.reshape(g.permute(g.mul(x, 2.0), 1, 3, 0, 2, 4), 2 * 8, 3 * 4 * 8), w)
+    y.set_output()
+    plan = g.build(device="cpu")
+    assert [k.kind for k in plan.kernels if k.kind != "view"] == ["pointwise", "matmul"], \
+        [f"{k.kind}: {'+'.join(k.ops)}" for k in plan.kernels]
+    x_t, w_t = rand(3, 2, 4, 8, 8), rand(96, 5)
+    want = (x_t * 2).permute(1, 3, 0, 2, 4).reshape(16, 96) @ w_t
+    assert_close(plan(x_t, w_t), want, tol=1e-5)

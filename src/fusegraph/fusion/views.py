@@ -211,6 +211,43 @@ def attention_out_layouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> d
     return out
 
 
+def producer_relayouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """Pointwise results stored in the order a permute + reshape after them reads (node id ->
+    strides), so that the reshape, which regroups permuted dims (a copy otherwise), is a view: the
+    backward's dq/dk/dv stacked [3, B, H, T, D] -> permute -> reshape [B*T, 3*H*D] for the qkv
+    weight gradient. Only for a value whose one reader is that chain and that is no output."""
+    users = graph.users()
+    out: dict[int, tuple[int, ...]] = {}
+    for node in graph.nodes:
+        if node.op != "reshape" or fusable(node) or node.id in wanted:
+            continue
+        chain: list[Node] = []
+        src = node.inputs[0]
+        while get_op(src.op).extra.get("view") == "permute" and len(users.get(src.id, [])) == 1 \
+                and src.id not in wanted:
+            chain.append(src)
+            src = src.inputs[0]
+        if not chain or src.multi_output or src.id in wanted or len(users.get(src.id, [])) != 1 or \
+                src.spec.layout is not None or src.spec.strides is not None or \
+                not get_op(src.op).has(POINTWISE) or not fusable(src):
+            continue
+        order = list(range(src.spec.rank))      # position k of the permuted value reads src dim order[k]
+        for p in reversed(chain):
+            perm = get_op(p.op).extra["view_params"](p.inputs[0].spec, p.attrs)["perm"]
+            order = [order[i] for i in perm]
+        target = contiguous_strides(chain[0].shape)   # the permuted value laid out row-major
+        strides = [0] * src.spec.rank
+        for k, dim in enumerate(order):
+            strides[dim] = target[k]
+        current = src.spec.memory_strides
+        for p in reversed(chain):
+            folded = _fold(p, current)
+            current = folded[0] if folded else current
+        if _fold(node, current) is None:           # a copy as things are: store src permuted
+            out[src.id] = tuple(strides)
+    return out
+
+
 def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
                  ) -> dict[int, tuple[tuple[int, ...], int]]:
     """View nodes computed as torch views of their input: node id -> (strides, element offset).
@@ -225,6 +262,7 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
     strides: dict[int, tuple[int, ...]] = {}   # real strides of values whose spec is being changed
     chosen: dict[int, tuple[tuple[int, ...], int]] = {}
     refused: set[int] = set()
+    strides.update(producer_relayouts(graph, wanted))
     for node in graph.nodes:
         if node.id in layouts:
             strides[node.id] = layouts[node.id]
@@ -299,7 +337,7 @@ def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = Non
     wanted = output_layouts(graph, output_strides)
     layouts = attention_out_layouts(graph, wanted)
     aliases = view_aliases(graph, wanted)
-    new_specs: dict[int, tuple[int, ...]] = {}
+    new_specs: dict[int, tuple[int, ...]] = dict(producer_relayouts(graph, wanted))
     for node in graph.nodes:
         if node.id in layouts:
             new_specs[node.id] = layouts[node.id]
