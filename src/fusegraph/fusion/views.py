@@ -40,6 +40,7 @@ from .partition import fusable, is_literal, is_unit_reduction
 
 ATTENTION_OPS = ("scaled_dot_product_attention",)
 BTHD = (0, 2, 1, 3)
+ALIGN = 16   # bytes: an alias starts this aligned from its base tensor, or it is a copy
 
 
 # ---- 1. reshapes sunk below pointwise ops ----
@@ -262,6 +263,7 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
     strides: dict[int, tuple[int, ...]] = {}   # real strides of values whose spec is being changed
     chosen: dict[int, tuple[tuple[int, ...], int]] = {}
     refused: set[int] = set()
+    offsets: dict[int, int] = {}               # element offset of an alias from its base tensor
     strides.update(producer_relayouts(graph, wanted))
     for node in graph.nodes:
         if node.id in layouts:
@@ -292,8 +294,14 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
             # broadcast (stride-0) GEMM operand (materialized as before)
             refused.add(node.id)
             return False
+        offset = offsets.get(src.id, 0) + folded[1]
+        if (offset * node.spec.itemsize) % ALIGN:
+            # generated kernels are compiled for 16-byte aligned pointers (and TMA needs them)
+            refused.add(node.id)
+            return False
         chosen[node.id] = folded
         strides[node.id] = folded[0]
+        offsets[node.id] = offset
         return True
 
     for node in graph.nodes:
