@@ -188,3 +188,26 @@ def test_groupnorm_between_convs_stays_correct() -> None:
     feeds = [rand(2, 8, 5, 5, dtype=torch.float16, seed=5), rand(8, 8, 3, 3, dtype=torch.float16, seed=6) * 0.2,
              rand(8, 8, 3, 3, dtype=torch.float16, seed=7) * 0.2]
     assert_close(plan(*feeds), fg.reference(g)(*feeds), what="conv-groupnorm-conv")
+
+
+@pytest.mark.parametrize("declared", ["layout", "strides"])
+def test_channels_last_input_is_read_as_it_is_no_entry_copy(declared: str) -> None:
+    """A channels_last user tensor (torch.compile of a model in channels_last) is already NHWC: the
+    convolutions run channels-last on it with no copy in, and the region between them stays NHWC."""
+    torch.manual_seed(0)
+    g = fg.Graph(name="cl_input", compute_dtype="float32")
+    shape = (2, 8, 6, 6)
+    if declared == "layout":
+        x = g.tensor(shape, dtype="float16", name="x", layout="NHWC")
+    else:
+        x = g.tensor(shape, dtype="float16", name="x", strides=(288, 1, 48, 8))
+    w1 = g.constant(torch.randn(8, 8, 3, 3).half(), name="w1")
+    w2 = g.constant(torch.randn(8, 8, 3, 3).half(), name="w2")
+    h = g.relu(g.conv2d(x, w1, padding=1))
+    g.relu(g.add(g.conv2d(h, w2, padding=1), x)).set_output()
+    plan = g.build(device="cpu")
+    assert not any(n.op == "to_layout" and n.inputs[0].op == "input" for n in plan.graph.nodes)
+    convs = [n for n in plan.graph.nodes if n.op == "conv2d"]
+    assert len(convs) == 2 and all(c.spec.layout == "NHWC" for c in convs)
+    xt = rand(*shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert_close(plan(xt), fg.reference(g)(xt), what="channels_last input")

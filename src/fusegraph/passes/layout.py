@@ -163,14 +163,25 @@ def _activation(node: Node) -> bool:
     return not node.multi_output and node.spec.rank == 4
 
 
+def already_nhwc(node: Node) -> bool:
+    """A 4-D value whose memory is already channels-last (a channels_last user tensor): laying
+    it out NHWC costs nothing."""
+    spec = node.spec
+    if spec.rank != 4 or node.multi_output:
+        return False
+    return spec.layout == "NHWC" or (spec.strides is not None and
+                                     spec.strides == spec.with_(layout="NHWC", strides=None).memory_strides)
+
+
 def tensor_core_conv(node: Node, allow_tf32: bool) -> bool:
-    """A convolution whose cuDNN kernel runs on tensor cores, reading an NCHW (row-major) activation."""
+    """A convolution whose cuDNN kernel runs on tensor cores, reading an NCHW (row-major) activation
+    or one already laid out channels-last."""
     if node.op not in CONV_ACTIVATIONS or node.multi_output:
         return False
     x = node.inputs[CONV_ACTIVATIONS[node.op][0][0]]
     row_major = x.spec.layout is None and x.spec.strides is None
     dtype_ok = node.dtype in TENSOR_CORE_DTYPES or (node.dtype == "float32" and allow_tf32)
-    return row_major and dtype_ok
+    return (row_major or already_nhwc(x)) and dtype_ok
 
 
 def layout_regions(graph: Graph) -> _Regions:
@@ -258,8 +269,8 @@ def _single_conv_reader(node: Node, users: dict[int, list[Node]]) -> bool:
 
 def _decide(region: list[Node], convs: list[Node], users: dict[int, list[Node]], outputs: set[int],
             mode: str) -> LayoutDecision:
-    entries = [n for n in region if get_op(n.op).has(SOURCE) and n.op != "constant"]
-    exits = [n for n in region if n.id in outputs]
+    entries = [n for n in region if get_op(n.op).has(SOURCE) and n.op != "constant" and not already_nhwc(n)]
+    exits = [n for n in region if n.id in outputs and not already_nhwc(n)]
     boundary = sum(2 * n.spec.nbytes for n in entries + exits)
     nchw = 0
     for c in convs:
@@ -288,6 +299,8 @@ def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outp
         """What `consumer` reads for `value`: the NHWC copy of an input, the row-major copy of an
         NHWC value a view cannot fold, or the (re-laid-out) value itself."""
         new = mapping[value.id]
+        if value.id in chosen and value.op == "input" and already_nhwc(value):
+            return new                               # a channels_last tensor: read as it is
         if value.id in chosen and value.op == "input" and (consumer.id in chosen or consumer.op in CONV_ACTIVATIONS):
             if _single_conv_reader(value, users):
                 return new                           # the convolution converts it inside its call
@@ -316,7 +329,7 @@ def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outp
     outs = []
     for o in graph.outputs:
         new = mapping[o.id]
-        if o.id in chosen and o.op != "input":
+        if o.id in chosen and o.op != "input" and not already_nhwc(o):  # NHWC already in the user's graph: kept
             new = leave.get(o.id) or _conversion(new, "contiguous", "nchw")
             leave[o.id] = new
         outs.append(new)
