@@ -427,6 +427,8 @@ ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
      "aten.index.Tensor"),
     ("as_strided transpose", lambda x: torch.as_strided(x * 2, (6, 4), (1, 6)) + 1, (rand(4, 6),),
      "aten.as_strided.default"),
+    ("cumsum of a bool mask", lambda x: (x > 0).cumsum(-1) * 2, (rand(3, 7),), "aten.cumsum.default"),
+    ("cumsum of an int mask dim 0", lambda x: (x > 0).int().cumsum(0) + 1, (rand(5, 2, 3),), "aten.cumsum.default"),
     ("maximum minimum", lambda a, b: torch.maximum(a, b) - torch.minimum(a, b * 2), (rand(3, 4), rand(3, 4)),
      "aten.maximum.default"),
 ]

@@ -1,6 +1,7 @@
 """ATen -> fusegraph translators found missing by the model zoo (bench/zoo.py --cpu-smoke): windowed
-pooling, tensor indexing, as_strided views that are plain reshapes/permutes, index_put. Same table as
-torch_ops (see its docstring); registered on import by torch_ops_nn.
+pooling, tensor indexing, as_strided views that are plain reshapes/permutes, prefix counts (cumsum
+of a bool mask). aten.index_put (the scatter-add of an embedding backward) has no IR equivalent and
+runs in torch. Same table as torch_ops (see its docstring); registered on import by torch_ops_nn.
 
 Pooling is written as pad + k*k strided slices combined pointwise (max / sum), which fuses into one
 kernel. Indexing with one index tensor is an index_select; as_strided is served when its (size, stride)
@@ -199,3 +200,54 @@ def _as_strided(cx: Ctx, x: Any, size: Sequence[int], stride: Sequence[int], sto
     shape, perm = layout
     y = x if tuple(x.shape) == tuple(shape) else cx.g.reshape(x, tuple(shape))
     return y if perm == list(range(len(perm))) else cx.g.permute(y, tuple(perm))
+
+
+# ---------------- cumsum ----------------
+
+_CUMSUM_MAX_N, _CUMSUM_MAX_WORK = 4096, 2**30
+
+
+def _counts_bool(node: Any) -> bool:
+    """A bool tensor, or an integer cast of one (its prefix sums are counts <= n: exact in float32)."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype == torch.bool:
+        return True
+    casts = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+    return node.target in casts and _counts_bool(node.args[0])
+
+
+def _cumsum_supports(node: torch.fx.Node) -> str | None:
+    x: Any = node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return "cumsum of a scalar"
+    dim: Any = node.args[1]
+    n = int(val.shape[int(dim) % val.dim()])
+    if n > _CUMSUM_MAX_N or (val.numel() // max(n, 1)) * n * n > _CUMSUM_MAX_WORK:
+        return f"cumsum over {n} elements (a triangular matmul would cost n^2 per row)"
+    if _counts_bool(x):
+        return None
+    # floats would lose precision in a TF32 matmul; other integers may exceed float32's exact range
+    return f"cumsum of a {val.dtype} tensor (served: prefix counts of a bool tensor)"
+
+
+@translates(aten.cumsum.default, supports=_cumsum_supports)
+def _cumsum(cx: Ctx, x: Any, dim: int, *, dtype: Any = None) -> Any:
+    """Prefix counts of a bool tensor (as in transformers' masks) along `dim`: a float32 matmul with an
+    upper-triangular matrix of ones (tri[i, j] = 1 for i <= j); exact (0/1 operands, sums <= n < 2^24)."""
+    rank = len(x.shape)
+    dim %= rank
+    n = int(x.shape[dim])
+    xf = cast_to(cx, x, "float32")
+    perm = [d for d in range(rank) if d != dim] + [dim]
+    moved = xf if dim == rank - 1 else cx.g.permute(xf, tuple(perm))
+    moved_shape = tuple(moved.shape)
+    rows = math.prod(moved_shape[:-1])
+    flat = moved if rank == 2 else cx.g.reshape(moved, (rows, n))
+    out = cx.g.matmul(flat, cx.g.constant(torch.triu(torch.ones(n, n, dtype=torch.float32))))
+    out = out if rank == 2 else cx.g.reshape(out, moved_shape)
+    if dim != rank - 1:
+        out = cx.g.permute(out, tuple(perm.index(d) for d in range(rank)))
+    return out
