@@ -190,7 +190,9 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
     choice = _choose(kernel, gen, fn, configs, library, device)
     if choice.get("backend") == "cublas":
         kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
-        kernel.note = "cuBLAS was faster for this shape" + ("" if identity else " (epilogue as a second launch)")
+        timed = (kernel.tuning or {}).get("source") in ("tuned", "cache", "memo")
+        kernel.note = ("cuBLAS was faster for this shape" if timed else "cuBLAS: the untimed pick for exact fp32") \
+            + ("" if identity else " (epilogue as a second launch)")
         return kernel
     launch = GemmLaunch(fn, gen, choice, device)
     kernel.source = gen.source_of(launch.variant)
@@ -220,9 +222,9 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     from ..tune.precompile import compile_in_parallel
 
     name = kernel.name
-    candidates = _candidates(configs)
-    if not device.startswith("cuda"):
-        return dict(candidates[0].values)
+    if not device.startswith("cuda"):  # the interpreter runs the generated kernel (what CPU tests check)
+        return dict(_candidates(configs)[0].values)
+    candidates = _candidates(configs, gen)
     args = _example_inputs(gen.inputs, device)
     expected: list[Any] = []
 
@@ -258,9 +260,9 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
                    outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
     if not settings.autotune or launch_bound(floor_ms_of(shape)):
-        configs = configs[:1]
+        configs = [] if _exact_fp32(gen) else configs[:1]   # the untimed pick: cuBLAS for exact fp32
     else:
-        known = cached_choice(name, _tune_key(gen, device), _candidates(configs))
+        known = cached_choice(name, _tune_key(gen, device), _candidates(configs, gen))
         if known is not None:
             configs = [] if known["backend"] == "cublas" else [{a: v for a, v in known.items() if a != "backend"}]
     if not configs:
@@ -270,10 +272,19 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
 
 
-def _candidates(configs: list[dict[str, Any]]) -> list[Any]:
+def _candidates(configs: list[dict[str, Any]], gen: GeneratedGemm | None = None) -> list[Any]:
+    """Triton configs then cuBLAS; cuBLAS first for exact fp32 (our tl.dot then runs on the CUDA
+    cores, well behind cuBLAS's SGEMM), so an untimed (launch-bound) pick takes it."""
     from ..tune import Config
 
-    return [Config(dict(c, backend="triton")) for c in configs] + [Config(backend="cublas")]
+    triton = [Config(dict(c, backend="triton")) for c in configs]
+    if gen is not None and _exact_fp32(gen):
+        return [Config(backend="cublas"), *triton]
+    return [*triton, Config(backend="cublas")]
+
+
+def _exact_fp32(gen: GeneratedGemm) -> bool:
+    return 'input_precision="ieee"' in gen.source
 
 
 def _tune_key(gen: GeneratedGemm, device: str) -> dict[str, Any]:

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from ..fusion.epilogue import MatmulGroup
 from ..fusion.partition import Entry, squeeze_map
 from ..ir import dtypes
@@ -182,7 +184,10 @@ class _GemmWriter(_Writer):
         self.zero_index = "zero_m"
         a = group.matmul.inputs[0]
         self.tma = tma_plan(self.geo, dtypes.itemsize(a.dtype))
-        self.precision = ', input_precision="ieee"' if a.dtype == "float32" else ""
+        # fp32 operands: exact (CUDA cores) at torch's 'highest' float32 matmul precision, TF32 otherwise
+        exact = a.dtype == "float32" and torch.get_float32_matmul_precision() == "highest"
+        self.precision = ', input_precision="ieee"' if exact else ', input_precision="tf32"' \
+            if a.dtype == "float32" else ""
         # claimed full max reductions (amax): their value names get a prefix (each group numbers its
         # own), their results go to fp32 scratch outputs after the epilogue's
         self.reductions = [[replace(e, key=f"r{i}_{e.key}", args=tuple(f"r{i}_{x}" for x in e.args))
