@@ -13,6 +13,15 @@ placed in the smallest gap left by the buffers already placed whose intervals ov
 disjoint. The arena is what one allocation of intermediates would need; the plan reports it next to
 the sum without reuse and the peak of live bytes (intermediates + outputs) over the schedule, which
 is what the torch caching allocator can at best reach when each value is dropped at its last use.
+
+What the runtime does with it: kernels still allocate their outputs through torch's caching
+allocator and the Plan drops each value right after its last reader (outputs nothing reads, at
+once), so reuse follows the plan's liveness; a CUDA-graph capture records the same drops, and its
+private pool reuses the freed blocks inside the graph. The offsets are a report (how small one arena
+could be), not an allocation: outputs are made by several launchers (generated Triton, GEMM, cuBLAS,
+cuDNN, torch references), and a persistent arena would stay allocated between calls. What the plan
+changes is in-place writes: a generated one-stage elementwise kernel writes an output into an input
+of the same shape, dtype and strides that dies at that kernel (choose_inplace has the rules).
 """
 
 from __future__ import annotations
