@@ -92,6 +92,37 @@ def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> 
     return None
 
 
+def _batched_matmul_rule(node: Node) -> Node | None:
+    """matmul(reshape(a, [N, M, K]), reshape(b, [N, K, P])) where both reshapes only merge leading
+    (batch) dims into N -> reshape(matmul(a, b), [N, M, P]): the GEMM takes the batch dims (and
+    their strides) as they are, so q and k^T sliced out of a fused qkv projection need no copy
+    (AOTAutograd spells a 4-D matmul as view -> bmm -> view). The reshape after it is a free view
+    that the following ops sink or cancel."""
+    if node.op != "matmul" or node.spec.rank != 3 or len(node.inputs) != 2:
+        return None
+    originals = []
+    for operand in node.inputs:
+        if operand.op != "reshape" or operand.spec.rank != 3 or operand.inputs[0].spec.rank < 3:
+            return None
+        src = operand.inputs[0]
+        if src.shape[-2:] != operand.shape[-2:] or math.prod(src.shape[:-2]) != operand.shape[0]:
+            return None
+        originals.append(src)
+    a, b = originals
+    rank = max(a.spec.rank, b.spec.rank) - 2
+    lead_a = (1,) * (rank - a.spec.rank + 2) + a.shape[:-2]
+    lead_b = (1,) * (rank - b.spec.rank + 2) + b.shape[:-2]
+    # the same batch elements on both sides (unit dims aside: both hold N elements), no broadcast
+    if [x for x in lead_a if x != 1] != [y for y in lead_b if y != 1] or \
+            any(x != y and 1 not in (x, y) for x, y in zip(lead_a, lead_b, strict=True)) or \
+            math.prod(max(x, y) for x, y in zip(lead_a, lead_b, strict=True)) != node.shape[0]:
+        return None
+    batched = _emit(node, "matmul", [a, b], dict(node.attrs), suffix="_batched")
+    if batched is None or batched.shape[-2:] != node.shape[-2:]:
+        return None
+    return _emit(node, "reshape", [batched], {"shape": node.shape}, suffix="")
+
+
 def _reshape(node: Node, shape: tuple[int, ...]) -> Node:
     if node.op == "reshape" and node.inputs[0].shape == tuple(shape):
         return node.inputs[0]            # reshape(reshape(y)) back to y's shape: y
@@ -120,7 +151,7 @@ def sink_reshapes(graph: Graph) -> Graph:
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         new = node.replace(inputs=inputs) if changed else node
         single = [len({u.id for u in users.get(i.id, [])}) == 1 for i in node.inputs]
-        new = _sink_rule(new, single, from_matmul) or new
+        new = _batched_matmul_rule(new) or _sink_rule(new, single, from_matmul) or new
         if new.op == "reshape" and new.inputs[0].op == "reshape":   # reshape(reshape(y)): one reshape
             inner_src = new.inputs[0].inputs[0]
             collapsed = inner_src if inner_src.shape == new.shape else \
