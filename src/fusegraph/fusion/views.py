@@ -339,7 +339,8 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
         if node.id in layouts or not viewable(node):
             continue
         readers = users.get(node.id, [])
-        if not fusable(node) or node.id in wanted or any(not fusable(u) and not is_literal(u) for u in readers):
+        # (a foldable view that is an output is stored by the kernel computing it, as before)
+        if not fusable(node) or any(not fusable(u) and not is_literal(u) for u in readers):
             alias(node)
     return chosen
 
