@@ -22,7 +22,17 @@ Run on the primitive graph just before partitioning (compiler.py, fused lowering
 
    An attention output read only through transpose(1, 2) (then usually reshape [B, T, H*D]) is
    laid out as [B, T, H, D] in memory (what torch's SDPA backends produce anyway), so the
-   transpose and the reshape feeding the output projection are free views.
+   transpose and the reshape feeding the output projection are free views. A pointwise result read
+   only through permute -> regrouping reshape is stored permuted, so that reshape is a view too
+   (`producer_relayouts`). An alias starting a non-multiple of 16 bytes into its base is a copy
+   (generated kernels are compiled for aligned pointers).
+
+Also in step 1, `_batched_matmul_rule`: bmm(reshape(a), reshape(b)) whose reshapes only merge batch
+dims becomes the batched matmul of a and b (q @ k^T with q, k views of the qkv projection).
+
+The build option `output_strides` (one entry per graph output; the torch frontend passes the
+strides torch traced) returns view outputs in that layout (a dense permutation), so the frontend
+need not restride them; without it outputs are row-major as before.
 """
 
 from __future__ import annotations
