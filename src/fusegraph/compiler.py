@@ -45,7 +45,8 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     (positions of inputs a CUDA graph reads in place instead of copying: weights that stay the same
     tensor from call to call; Graph.build also takes handles), conv_layout ("auto": NHWC around
     tensor-core convolutions, "NHWC", "NCHW"; passes/layout.py), allow_tf32 (fp32 convolutions may
-    use TF32 tensor cores, which also makes them candidates for NHWC).
+    use TF32 tensor cores, which also makes them candidates for NHWC), output_strides (per graph output,
+    the strides to return a view output in, a dense permutation; None = row-major; fusion/views.py).
     """
     device = default_device(device)
     start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
@@ -64,7 +65,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
     primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
     if options.get("fuse", True):
-        from .fusion.views import prepare as prepare_views   # views as strided aliases (fusion/views.py)
+        from .fusion.views import prepare as prepare_views  # views as strided aliases (fusion/views.py)
 
         primitive = prepare_views(primitive, options.get("output_strides"))
         kernels = lower_fused(primitive, device, options)
