@@ -409,6 +409,24 @@ def test_modes_run_the_same_model():
             assert_close(compiled(x), model(x))
 
 
+def _slice_assign(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y[:, 1:6:2] = v
+    return y + 1
+
+
+def _index_assign(x: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y[:, :, i] = v  # a KV-cache write at a position tensor: index_put(y, [None, None, i], v)
+    return y + 1
+
+
+def _select_assign(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y[:, -2] = v
+    return y + 1
+
+
 # Ops found missing by the model zoo (bench/zoo.py --cpu-smoke): (name, function, inputs, ATen op compiled)
 ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
     ("max_pool2d k3 s2 p1", lambda x: F.max_pool2d(x, 3, 2, 1), (rand(2, 3, 9, 9),),
@@ -431,6 +449,17 @@ ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
     ("cumsum of an int mask dim 0", lambda x: (x > 0).int().cumsum(0) + 1, (rand(5, 2, 3),), "aten.cumsum.default"),
     ("maximum minimum", lambda a, b: torch.maximum(a, b) - torch.minimum(a, b * 2), (rand(3, 4), rand(3, 4)),
      "aten.maximum.default"),
+    # scatter-like writes (ops/scatter.py): embedding-backward scatter-add, KV-cache writes, slice assignment
+    ("index_put accumulate duplicates", lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True) * 2,
+     (rand(5, 3), torch.tensor([[1, 4], [1, -1]]), rand(2, 2, 3)), "aten.index_put.default"),
+    ("index_put dim 2 broadcast values", _index_assign,
+     (rand(1, 2, 6, 4), torch.tensor([3]), rand(2, 1, 4)), "aten.index_put.default"),
+    ("index_copy dim 1", lambda x, i, s: x.index_copy(1, i, s) - 1,
+     (rand(2, 5, 3), torch.tensor([4, 0]), rand(2, 2, 3)), "aten.index_copy.default"),
+    ("scatter_add dim 0", lambda x, i, s: torch.scatter_add(x, 0, i, s) * 3,
+     (rand(4, 3), torch.tensor([[0, 1, 3], [0, 2, 3]]), rand(2, 3)), "aten.scatter_add.default"),
+    ("slice assignment", _slice_assign, (rand(3, 7), rand(3, 3)), "aten.slice_scatter.default"),
+    ("select assignment", _select_assign, (rand(3, 7), rand(3)), "aten.where.self"),  # select_scatter: decomposed
 ]
 
 

@@ -13,9 +13,10 @@ from .pointwise import PointwiseMethods
 from .quant import QuantMethods
 from .random import RandomMethods
 from .reduce import ReductionMethods
+from .scatter import ScatterMethods
 
 OP_METHODS: tuple[type, ...] = (PointwiseMethods, ReductionMethods, NormMethods, LinalgMethods, ConvMethods,
                                 AttentionMethods, LayoutMethods)
-OP_METHODS += (IndexGenMethods, NormBackwardMethods, LossMethods, RandomMethods, QuantMethods)
+OP_METHODS += (IndexGenMethods, NormBackwardMethods, LossMethods, RandomMethods, QuantMethods, ScatterMethods)
 
 __all__ = ["OP_METHODS"]
