@@ -133,10 +133,11 @@ def _table_ops() -> set[str]:
     from test_ops_layout import LAYOUT
     from test_ops_linalg_conv_attn import ATTENTION, CONV, LINALG
     from test_ops_norm_loss_quant import LOSSES, NORM_BACKWARD, NORMS, QUANT, RANDOM_AND_INDEX
+    from test_ops_scatter import SCATTER
 
     ops: set[str] = set()
     for case in (POINTWISE + REDUCTIONS + LAYOUT + LINALG + CONV + ATTENTION + NORMS + NORM_BACKWARD + LOSSES
-                 + RANDOM_AND_INDEX + QUANT):
+                 + RANDOM_AND_INDEX + QUANT + SCATTER):
         tensors = [m(case.dtypes[0]) for m in case.makers]
         g = fg.Graph(name=case.id)
         handles = [g.tensor_like(t, name=f"in{k}") for k, t in enumerate(tensors)]
