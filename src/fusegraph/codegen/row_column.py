@@ -8,6 +8,7 @@ to a fp32 workspace [SPLITS, columns]; the finish kernel reduces them in program
 
 from __future__ import annotations
 
+from ..fusion.index_map import domain_dim
 from ..fusion.partition import Entry, RowColumnGroup
 from ..ir import dtypes
 from .column_split import FILL, ColumnSplitWriter, _combine_of
@@ -67,7 +68,7 @@ class RowColumnWriter(ColumnSplitWriter):
                       if e.key in needed or (e.kind != "reduce" and e.stage == 0 and not e.full)]
         # loads: each (input, placement) once, all before the first reduction; the ones that do not
         # depend on the row (the weight) once per program, before the loop over its rows
-        loaded: dict[tuple[int, tuple[int | None, ...]], str] = {}
+        loaded: dict[tuple[int, tuple[object, ...]], str] = {}
         loads = [e for e in row.entries if e.kind == "load"]
         col_loads = [e for e in col_values if e.kind == "load" and (e.node.id, e.emb) not in computed]
         loads += col_loads
@@ -210,4 +211,5 @@ def _emit_rounds(entries: list[Entry], level: dict[str, int], end: int) -> dict[
 
 def _row_independent(e: Entry, kept: tuple[int, ...]) -> bool:
     """A load whose address does not depend on the row (a weight along the reduced axis)."""
-    return all(d is None or d not in kept or e.node.shape[k] == 1 for k, d in enumerate(e.emb))
+    return all(domain_dim(d) is None or domain_dim(d) not in kept or e.node.shape[k] == 1
+               for k, d in enumerate(e.emb))

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, range_mask
 from ..fusion.partition import Entry, KernelGroup
 from ..ir import dtypes
 from ..ir.node import Node
@@ -77,13 +78,16 @@ class _Writer:
         args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values())
         return ", ".join(args + [f"{c}: tl.constexpr" for c in constexprs])
 
-    def offset(self, node: Node, emb: tuple[int | None, ...], dimvar: dict[int, str]) -> str:
+    def offset(self, node: Node, emb: tuple[int | Affine | None, ...], dimvar: dict[int, str]) -> str:
         strides = node.spec.memory_strides
         terms = []
         for k, d in enumerate(emb):
             if d is None or node.shape[k] == 1:
                 continue
-            terms.append(dimvar[d] if strides[k] == 1 else f"{dimvar[d]} * {strides[k]}")
+            index = index_expr(d, dimvar)   # dimvar[d], or an affine index of a slice / concat input
+            terms.append(index if strides[k] == 1 else f"{index} * {strides[k]}")
+        if terms and all(domain_dim(d) is None for d in emb):   # constant indices only
+            terms.append(self.zero_index)
         return " + ".join(terms) or self.zero_index
 
     def value(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
@@ -103,7 +107,8 @@ class _Writer:
             return
         if entry.kind == "load":
             ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
-            load = f"tl.load({ptr}, mask={mask}, other=0)"
+            inside = range_mask(entry.node, entry.emb, self.domain.shape, dimvar)   # concat inputs
+            load = f"tl.load({ptr}, mask={f'({mask}) & {inside}' if inside else mask}, other=0)"
             if dtypes.is_float(entry.node.dtype):
                 load += ".to(tl.float32)"
             self.emit(f"{entry.key} = {load}", indent)
@@ -113,6 +118,9 @@ class _Writer:
             # here next to the row's largest term, 1)
             a, m = (self.expr[k] for k in self.shifted_exps[entry.key])
             self.emit(f"{entry.key} = tl.math.exp2({a} * {LOG2E} - {m} * {LOG2E})", indent)
+        elif entry.node.op == "concat":   # the segment's input, by the output index (index_map)
+            expr = concat_expr(entry.node, entry.emb, [self.expr[a] for a in entry.args], dimvar)
+            self.emit(f"{entry.key} = {expr}", indent)
         else:
             args = [self.expr[a] for a in entry.args]
             expr = _op_expr(entry.node, args)
@@ -130,10 +138,10 @@ class _Writer:
         if "index_dim_attr" in opdef.extra:
             dim = int(node.attrs[opdef.extra["index_dim_attr"]]) % len(node.shape)
             d = entry.emb[dim]
-            index = dimvar[d] if d is not None and node.shape[dim] != 1 else zero
+            index = index_expr(d, dimvar) if d is not None and node.shape[dim] != 1 else zero
         else:  # the row-major linear index over the generator's own shape
             strides = contiguous_strides(node.shape)
-            terms = [dimvar[d] if strides[k] == 1 else f"{dimvar[d]} * {strides[k]}"
+            terms = [index_expr(d, dimvar) if strides[k] == 1 else f"{index_expr(d, dimvar)} * {strides[k]}"
                      for k, d in enumerate(entry.emb) if d is not None and node.shape[k] != 1]
             index = " + ".join(terms) or zero
         return str(opdef.triton([index], node.attrs))
@@ -223,7 +231,7 @@ class _PointwiseWriter(_Writer):
         order = self._iteration_order()
         index_lines, dimvar = _index_vars(shape, order, "offs", "i")
         contiguous = strides_for_order(shape, order)
-        needs_index = any(e.kind == "gen" for e in self.group.entries)
+        needs_index = any(e.kind == "gen" or e.node.op == "concat" for e in self.group.entries)
         for e in self.group.entries:
             if e.kind == "load" and not self._linear(e, contiguous):
                 needs_index = True
@@ -350,7 +358,7 @@ class _ReductionWriter(_Writer):
         if not big:
             return False
         inner = min(big, key=lambda k: abs(node.spec.memory_strides[k]))
-        return emb[inner] in self.domain.kept
+        return domain_dim(emb[inner]) in self.domain.kept
 
     def splittable(self) -> bool:
         """A column reduction over many rows, with one round of reductions and only per-column

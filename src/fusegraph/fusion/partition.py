@@ -23,8 +23,9 @@ from ..ir import dtypes
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import POINTWISE, REDUCTION, SOURCE, VIEW, get_op
+from .index_map import Affine, concat_fusable, concat_input_embedding, concat_parts, domain_dim, slice_input_embedding
 
-Embedding = tuple["int | None", ...]
+Embedding = tuple["int | Affine | None", ...]   # Affine: a slice or concat input (index_map)
 COMBINES = ("sum", "max", "min")
 # A pointwise store joins a reduction kernel only when that keeps enough programs busy (or the
 # tensor is small enough that parallelism does not matter).
@@ -131,6 +132,8 @@ def fusable(node: Node) -> bool:
         return False
     if any(not _supported_dtype(s.dtype) for s in (node.spec, *(i.spec for i in node.inputs))):
         return False
+    if node.op == "concat":   # selects of shifted loads (index_map)
+        return concat_fusable(node)
     if opdef.has(REDUCTION):
         return opdef.extra.get("combine") in COMBINES and (dtypes.is_float(node.dtype) or is_unit_reduction(node))
     if node.op == "cast":
@@ -164,7 +167,7 @@ def view_input_embedding(node: Node, emb: Embedding) -> Embedding:
         return input_embedding(node.shape, emb, src.shape)
     if kind == "permute":
         perm = opdef.extra["view_params"](src.spec, node.attrs)["perm"]
-        out: list[int | None] = [None] * len(src.shape)
+        out: list[int | Affine | None] = [None] * len(src.shape)
         for i, p in enumerate(perm):
             out[p] = None if src.shape[p] == 1 else emb[i]
         return tuple(out)
@@ -173,10 +176,12 @@ def view_input_embedding(node: Node, emb: Embedding) -> Embedding:
         in_dims = [d for d, s in enumerate(src.shape) if s != 1]
         if [node.shape[d] for d in out_dims] != [src.shape[d] for d in in_dims]:
             raise TraceError(f"{node.name}: reshape {src.shape} -> {node.shape} regroups dims")
-        result: list[int | None] = [None] * len(src.shape)
+        result: list[int | Affine | None] = [None] * len(src.shape)
         for o, i in zip(out_dims, in_dims, strict=True):
             result[i] = emb[o]
         return tuple(result)
+    if kind == "slice":   # in[dim] = start + step * out[dim] (index_map.Affine)
+        return slice_input_embedding(node, emb)
     raise TraceError(f"{node.name}: view {node.op} is not folded into indexing")
 
 
@@ -273,6 +278,10 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
                 raise TraceError(f"{node.name}: reduction does not fit domain {domain}")
             arg = visit(node.inputs[0], tuple(squeeze_map(node.inputs[0].shape)))
             entry = Entry("", node, emb, "reduce", (arg.key,), full=False, stage=arg.stage + 1)
+        elif node.op == "concat":   # one argument per non-empty input, read at shifted indices
+            args = [visit(x, concat_input_embedding(node, emb, k)) for k, x, _ in concat_parts(node)]
+            entry = Entry("", node, emb, "op", tuple(a.key for a in args), stage=max(a.stage for a in args),
+                          full=any(a.full for a in args) or _is_full(emb, domain))
         else:
             args = [visit(i, input_embedding(node.shape, emb, i.shape)) for i in node.inputs]
             stage = max((a.stage for a in args), default=0)
@@ -299,7 +308,7 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
 def _is_full(emb: Embedding, domain: Domain) -> bool:
     if not domain.is_reduction:
         return True
-    return any(d in domain.reduced and domain.shape[d] != 1 for d in emb if d is not None)
+    return any(d in domain.reduced and domain.shape[d] != 1 for d in map(domain_dim, emb) if d is not None)
 
 
 def _ident(name: str) -> str:
