@@ -1,7 +1,8 @@
 """ATen -> fusegraph translators found missing by the model zoo (bench/zoo.py --cpu-smoke): windowed
 pooling, tensor indexing, as_strided views that are plain reshapes/permutes, prefix counts (cumsum
-of a bool mask). aten.index_put (the scatter-add of an embedding backward) has no IR equivalent and
-runs in torch. Same table as torch_ops (see its docstring); registered on import by torch_ops_nn.
+of a bool mask). Scatter-like writes (aten.index_put: the scatter-add of an embedding backward, a KV
+cache's index_copy_) are in torch_ops_scatter. Same table as torch_ops (see its docstring); registered
+on import by torch_ops_nn.
 
 Pooling is written as pad + k*k strided slices combined pointwise (max / sum), which fuses into one
 kernel. Indexing with one index tensor is an index_select; as_strided is served when its (size, stride)

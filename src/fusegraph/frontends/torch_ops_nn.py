@@ -361,5 +361,4 @@ def _native_group_norm(cx: Ctx, x: Any, weight: Any, bias: Any, n: int, c: int, 
                        eps: float) -> Any:
     return (cx.g.group_norm(x, groups, weight, bias, eps), None, None)
 
-from . import torch_ops_more  # noqa: E402, F401  (pooling, indexing, as_strided: found by the model zoo)
-from . import torch_ops_scatter  # noqa: E402, F401  (index_put, index_copy, scatter_add, slice_scatter)
+from . import torch_ops_more, torch_ops_scatter  # noqa: E402, F401  (zoo ops: pooling, indexing, ...; index_put & co.)
