@@ -211,3 +211,17 @@ def test_channels_last_input_is_read_as_it_is_no_entry_copy(declared: str) -> No
     assert len(convs) == 2 and all(c.spec.layout == "NHWC" for c in convs)
     xt = rand(*shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     assert_close(plan(xt), fg.reference(g)(xt), what="channels_last input")
+
+
+def test_explicit_row_major_strides_count_as_nchw() -> None:
+    """Values traced from torch carry explicit strides even when row-major (the torch frontend's
+    intermediates): their convolutions are still laid out NHWC (before, only the first conv of a
+    torchvision ResNet was, the rest ran NCHW)."""
+    g = fg.Graph(name="explicit_strides", compute_dtype="float32")
+    x = g.tensor((2, 8, 6, 6), dtype="float16", name="x", strides=(288, 36, 6, 1))
+    w = g.constant(torch.randn(8, 8, 3, 3).half(), name="w")
+    g.relu(g.conv2d(x, w, padding=1)).set_output()
+    plan = g.build(device="cpu")
+    assert all(n.spec.layout == "NHWC" for n in plan.graph.nodes if n.op == "conv2d")
+    xt = rand(2, 8, 6, 6, dtype=torch.float16)
+    assert_close(plan(xt), fg.reference(g)(xt), what="explicit row-major strides")

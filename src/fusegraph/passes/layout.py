@@ -30,7 +30,7 @@ import torch
 from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
 from ..ir.registry import POINTWISE, SOURCE, VIEW, get_op
-from ..ir.spec import TensorSpec
+from ..ir.spec import TensorSpec, contiguous_strides
 from ..settings import settings
 from .base import Pass, graph_pass
 
@@ -179,7 +179,7 @@ def tensor_core_conv(node: Node, allow_tf32: bool) -> bool:
     if node.op not in CONV_ACTIVATIONS or node.multi_output:
         return False
     x = node.inputs[CONV_ACTIVATIONS[node.op][0][0]]
-    row_major = x.spec.layout is None and x.spec.strides is None
+    row_major = x.spec.memory_strides == contiguous_strides(x.spec.shape)   # also explicit row-major strides
     dtype_ok = node.dtype in TENSOR_CORE_DTYPES or (node.dtype == "float32" and allow_tf32)
     return (row_major or already_nhwc(x)) and dtype_ok
 
