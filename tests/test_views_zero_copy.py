@@ -5,45 +5,19 @@ strided views of the fused qkv projection. Kernel counts are asserted on the tor
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import fusegraph as fg
 from conftest import assert_close, rand
 
-LAYOUT_OPS = {"reshape", "permute", "transpose", "expand", "slice", "getitem", "cast", "pad", "cat", "squeeze",
-              "unsqueeze", "flatten", "constant", "iota"}
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 
-
-class Block(nn.Module):
-    """bench/torch_backend_gpu.py's Block: pre-LN attention (fused qkv, SDPA) and a gelu MLP."""
-
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
-
-
-class MatmulSoftmaxBlock(Block):
-    """The same block with attention spelled out: q @ k^T, scale, softmax, @ v (AOTAutograd: bmm)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1) @ v
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+from torch_backend_gpu import LAYOUT_OPS, Block, MatmulSoftmaxBlock  # the blocks measured on the GPU
 
 
 def kernel_lists(compiled: torch.nn.Module) -> dict[str, list[str]]:
