@@ -461,6 +461,13 @@ ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
      (rand(4, 3), torch.tensor([[0, 1, 3], [0, 2, 3]]), rand(2, 3)), "aten.scatter_add.default"),
     ("slice assignment", _slice_assign, (rand(3, 7), rand(3, 3)), "aten.slice_scatter.default"),
     ("select assignment", _select_assign, (rand(3, 7), rand(3)), "aten.where.self"),  # select_scatter: decomposed
+    ("any dim of a mask", lambda x: x * (x > 1.0).any(-1, keepdim=True), (rand(4, 6),), "aten.any.dim"),
+    ("any of an int tensor", lambda x, m: x + m.any(), (rand(3, 4), torch.tensor([[0, 0], [0, 3]])),
+     "aten.any.default"),
+    ("all dim 0 of a mask", lambda x: x + (x > -1.5).all(0).float(), (rand(5, 3),), "aten.all.dim"),
+    ("all of a float tensor", lambda x: x * x.all(), (rand(2, 3),), "aten.all.default"),
+    ("fmod scalar keeps the sign of a", lambda x: torch.fmod(x * 7, 3) + 1, (rand(4, 5),), "aten.fmod.Scalar"),
+    ("fmod tensor", lambda a, b: torch.fmod(a * 5, b.abs() + 0.5), (rand(3, 4), rand(3, 4)), "aten.fmod.Tensor"),
 ]
 
 

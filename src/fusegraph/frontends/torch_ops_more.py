@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .torch_ops import Ctx, cast_to, node_users_only_first, translates
+from .torch_ops import Ctx, _dims, cast_to, node_users_only_first, translates
 
 aten = torch.ops.aten
 
@@ -252,3 +252,30 @@ def _cumsum(cx: Ctx, x: Any, dim: int, *, dtype: Any = None) -> Any:
     if dim != rank - 1:
         out = cx.g.permute(out, tuple(perm.index(d) for d in range(rank)))
     return out
+
+
+# ---------------- any / all, fmod ----------------
+
+@translates(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def _any_all(cx: Ctx, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """any: max over dims of (x != 0) as 0/1 floats; all: min of the same; the result as bool."""
+    nonzero = cx.g.cast(cx.g.ne(x, 0) if x.dtype != "bool" else x, "float32")
+    rank = len(x.shape)
+    dims = _dims(dim, rank) if rank else None
+    if dims is None and rank:
+        dims = tuple(range(rank))
+    is_any = cx.node.target in (aten.any.dim, aten.any.dims, aten.any.default)
+    if not rank:
+        reduced = nonzero
+    else:
+        reduced = (cx.g.amax if is_any else cx.g.min)(nonzero, dims, keepdim)
+    return cx.g.ne(reduced, 0.0)
+
+
+@translates(aten.fmod.Scalar, aten.fmod.Tensor)
+def _fmod(cx: Ctx, a: Any, b: Any) -> Any:
+    """torch.fmod: a - trunc(a / b) * b (the result has the sign of a), computed in float32."""
+    a32, b32 = cast_to(cx, a, "float32"), cast_to(cx, b, "float32")
+    quotient = cx.g.div(a32, b32)
+    truncated = cx.g.where(cx.g.lt(quotient, 0.0), cx.g.ceil(quotient), cx.g.floor(quotient))
+    return cast_to(cx, cx.g.sub(a32, cx.g.mul(truncated, b32)), cx.dtype)
