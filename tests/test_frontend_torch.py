@@ -491,3 +491,37 @@ def test_max_pool_training_falls_back_cleanly():
     fallbacks = compiled.fusegraph_report.fallback_ops
     assert "indices" in fallbacks["aten.max_pool2d_with_indices.default"]
     assert "aten.convolution.default" in compiled.fusegraph_report.compiled_ops
+
+
+class _IndexWithTensorConstant(nn.Module):
+    """torch.tensor(...) in forward: a lifted CPU constant (get_attr _tensor_constant0) that the model holds
+    on the CPU even when its inputs are on the GPU (swin_t's relative-position index)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[:, torch.tensor([2, 0, 1, 1])] * 2).sum(-1) + torch.tensor(0.5)
+
+
+def test_graph_owned_tensor_constant_is_an_ir_constant_not_a_plan_input(monkeypatch: pytest.MonkeyPatch):
+    """A get_attr tensor feeding a partition becomes an IR constant (placed on the plan's device at build):
+    as a plan input it carried the CPU device into the input guard and failed every call on CUDA."""
+    from fusegraph.frontends import torch_partition
+
+    built: list[Any] = []
+    original = torch_partition.CompiledPartition.__init__
+
+    def record(self: Any, sub: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> None:
+        original(self, sub, *args, **kwargs)
+        built.append((self, [n.name for n in sub.graph.nodes if n.op == "placeholder"]))
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "__init__", record)
+    model, x = _IndexWithTensorConstant(), rand(3, 3)
+    compiled = fg.compile(model)
+    assert_close(compiled(x), model(x), what="tensor constant")
+    assert compiled.fusegraph_report.fallback_ops == {}
+    partitions = [(p, names) for p, names in built if any("constant" in n for n in names)]
+    assert partitions, "the constant no longer reaches a partition: the test checks nothing"
+    for partition, names in partitions:
+        assert partition.record.status == "fusegraph", partition.record.reason
+        plan_input_names = [names[i] for i in partition._plan_inputs]
+        assert not [n for n in plan_input_names if "constant" in n], plan_input_names
+        assert len(partition.plan.input_handles) == len(plan_input_names)

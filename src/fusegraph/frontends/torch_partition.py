@@ -170,9 +170,14 @@ class CompiledPartition(torch.nn.Module):
 
     def __init__(self, sub: torch.fx.GraphModule, input_vals: Sequence[Any], record: PartitionRecord,
                  build_options: dict[str, Any], warn: Callable[[str], None],
-                 static_args: frozenset[int] = frozenset()) -> None:
+                 static_args: frozenset[int] = frozenset(),
+                 constant_args: dict[int, torch.Tensor] | None = None) -> None:
         super().__init__()
         self._static_args = static_args     # partition inputs that are module parameters/buffers
+        # partition inputs that are tensors the graph owns (get_attr, e.g. a lifted torch.tensor(...)
+        # constant): IR constants, made on the plan's device at build time, not plan inputs
+        self._constant_args = constant_args or {}
+        self._to_device: list[int] = []     # CPU 0-dim inputs of a partition on another device: moved per call
         self.eager = sub
         self.record = record
         self._warn = warn
@@ -205,11 +210,22 @@ class CompiledPartition(torch.nn.Module):
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.eager.graph.nodes if n.op == "placeholder"]
         rng = {node for node in placeholders if is_rng_state(node)}
-        devices = {v.device for p, v in zip(placeholders, input_vals, strict=True)
-                   if isinstance(v, torch.Tensor) and p not in rng}
+        devices = {v.device for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
+                   if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args}
+        accelerators = {d for d in devices if d.type not in ("cpu", "meta")}
+        if len(accelerators) == 1:   # CPU 0-dim scalars next to device tensors: moved to the device per call
+            device = next(iter(accelerators))
+            self._to_device = [i for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
+                               if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args
+                               and v.device.type == "cpu" and v.dim() == 0]
+            input_vals = [v.to(device=device) if i in self._to_device else v for i, v in enumerate(input_vals)]
+            devices = {d for d in devices if d.type != "cpu"} if self._to_device else devices
         for index, (node, val) in enumerate(zip(placeholders, input_vals, strict=True)):
             if node in rng:  # an attention philox seed/offset: only our attention backward takes it, and ignores it
                 env[node] = None
+                continue
+            if index in self._constant_args:
+                env[node] = g.constant(self._constant_args[index], name=node.name)
                 continue
             if not isinstance(val, torch.Tensor):
                 raise TypeError(f"partition input {node.name} is a {type(val).__name__}, not a tensor")
@@ -249,7 +265,8 @@ class CompiledPartition(torch.nn.Module):
                 self._outputs.append(("input", inputs.index(value.node.id)))
                 continue
             chain = _view_chain(out, placeholders)
-            if chain is not None:  # e.g. a transposed weight saved for the backward: a view, not a copy
+            # e.g. a transposed weight saved for the backward: a view, not a copy
+            if chain is not None and chain[0] not in self._constant_args:
                 self._outputs.append(("view", len(self._views)))
                 self._views.append(chain)
                 continue
@@ -267,7 +284,9 @@ class CompiledPartition(torch.nn.Module):
         if self.record.status != "fusegraph":
             return self.eager(*args)
         try:
-            results = self.plan.run([args[i] for i in self._plan_inputs]) if self.plan is not None else []
+            plan_args = [args[i].to(device=self._device, non_blocking=True) if i in self._to_device else args[i]
+                         for i in self._plan_inputs]
+            results = self.plan.run(plan_args) if self.plan is not None else []
         except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
             self._fall_back(f"run failed: {type(err).__name__}: {err}")
             return self.eager(*args)
@@ -412,7 +431,10 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
         input_vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
         static_args = frozenset(i for i, a in enumerate(node.args)
                                 if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in static_names)
-        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args)
+        constant_args = {i: _attr(split, str(a.target)) for i, a in enumerate(node.args)
+                         if isinstance(a, torch.fx.Node) and a.op == "get_attr"
+                         and isinstance(_attr(split, str(a.target)), torch.Tensor)}
+        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
