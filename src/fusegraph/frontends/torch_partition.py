@@ -177,7 +177,7 @@ class CompiledPartition(torch.nn.Module):
         # partition inputs that are tensors the graph owns (get_attr, e.g. a lifted torch.tensor(...)
         # constant): IR constants, made on the plan's device at build time, not plan inputs
         self._constant_args = constant_args or {}
-        self._to_device: list[int] = []     # CPU 0-dim inputs of a partition on another device: moved per call
+        self._to_device: list[int] = []     # CPU inputs of a partition on an accelerator: moved per call
         self.eager = sub
         self.record = record
         self._warn = warn
@@ -213,11 +213,12 @@ class CompiledPartition(torch.nn.Module):
         devices = {v.device for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
                    if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args}
         accelerators = {d for d in devices if d.type not in ("cpu", "meta")}
-        if len(accelerators) == 1:   # CPU 0-dim scalars next to device tensors: moved to the device per call
+        if len(accelerators) == 1:   # CPU tensors next to device tensors (0-dim scalars, CPU index tensors
+            # that torch accepts next to CUDA ones): moved to the device per call, not a failing input guard
             device = next(iter(accelerators))
             self._to_device = [i for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
                                if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args
-                               and v.device.type == "cpu" and v.dim() == 0]
+                               and v.device.type == "cpu"]
             input_vals = [v.to(device=device) if i in self._to_device else v for i, v in enumerate(input_vals)]
             devices = {d for d in devices if d.type != "cpu"} if self._to_device else devices
         for index, (node, val) in enumerate(zip(placeholders, input_vals, strict=True)):
@@ -234,7 +235,8 @@ class CompiledPartition(torch.nn.Module):
             dense = strides == contiguous_strides(shape)
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
                                  layout=None if dense else "strided", strides=None if dense else strides,
-                                 device=val.device.type, static=index in self._static_args)
+                                 device=val.device.type,
+                                 static=index in self._static_args and index not in self._to_device)
         out_args: Any = ()
         for node in self.eager.graph.nodes:
             if node.op == "get_attr":
