@@ -1,0 +1,168 @@
+"""Where the time of issue 5's target workloads goes, CUDA kernel by kernel, fusegraph beside torch.compile:
+the GPT-2-124M training step, the Llama decode step and ResNet-50 inference (bench/targets_gpu.py builds them).
+
+    PYTHONPATH=src python bench/profile_targets_gpu.py --only gpt2_train,llama_decode,resnet50
+
+For each workload and implementation: device time of N back-to-back calls (CUDA events), the number of CUDA
+kernels one call launches, and the kernels grouped by name with their total time (torch.profiler, CUDA
+activity), sorted by time; for fusegraph also the plan's kernel list per graph (fwd/bwd). Text to stdout and
+$OUT/profile_targets.txt when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import os
+import sys
+from collections.abc import Callable
+from contextlib import redirect_stdout
+from typing import Any
+
+import torch
+
+import fusegraph as fg
+from fusegraph.perf.timing import device_time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import targets_gpu as T
+from llama_blocks import LlamaDecodeBlock, LlamaSize
+
+
+def kernel_table(fn: Callable[[], Any], rows: int) -> str:
+    """One profiled call: kernels grouped by name, total and count, longest first."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            groups.setdefault(ev.name, []).append(ev.device_time_total if hasattr(ev, "device_time_total")
+                                                  else ev.cuda_time_total)
+    total = sum(sum(v) for v in groups.values())
+    count = sum(len(v) for v in groups.values())
+    lines = [f"   {count} kernels/copies, {total / 1e3:.3f} ms summed"]
+    for name, times in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        lines.append(f"   {sum(times) / 1e3:8.3f} ms {len(times):4d}x  {name[:150]}")
+    return "\n".join(lines)
+
+
+def plan_kernels(fn: Any) -> str:
+    report = getattr(fn, "fusegraph_report", None) or getattr(getattr(fn, "run", None), "fusegraph_report", None)
+    if report is None:
+        return "   (no fusegraph report)"
+    lines = []
+    for graph in report.graphs:
+        kernels = [k for p in graph.partitions if p.status == "fusegraph" for k in p.kernel_ops]
+        eager = [p for p in graph.partitions if p.status != "fusegraph"]
+        lines.append(f"   graph {graph.kind}: {len(kernels)} plan kernels, {len(eager)} eager partitions, "
+                     f"fallbacks {dict(graph.fallbacks)}")
+        for k in kernels:
+            lines.append(f"     {k}")
+    return "\n".join(lines)
+
+
+def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool) -> None:
+    fn()
+    torch.cuda.synchronize()
+    ms = device_time(fn, calls=20, repeats=3, graph=False).ms
+    print(f"\n-- {name}: device {ms:.3f} ms per call (back-to-back)", flush=True)
+    print(kernel_table(fn, rows), flush=True)
+    if with_plan:
+        print(plan_kernels(fn), flush=True)
+
+
+def gpt2_train(rows: int, batch: int) -> None:
+    torch.manual_seed(0)
+    base = T.LMWithLoss(T.gpt2("full")).cuda()
+    ids = torch.randint(0, 50257, (batch, 1024), device="cuda")
+    targets = torch.randint(0, 50257, (batch, 1024), device="cuda")
+    print(f"\n== GPT-2 train step batch {batch}x1024, autocast bf16, fused AdamW")
+    for name, compile_fn in (("torch.compile", torch.compile), ("fusegraph", fg.compile)):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        step = T.TrainStep(model, compile_fn(model), ids, targets, torch.bfloat16)
+        measure(name, step, rows, name == "fusegraph")
+        del step, model
+        torch.cuda.empty_cache()
+
+
+def llama_decode(rows: int) -> None:
+    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
+    torch.manual_seed(0)
+    base = LlamaDecodeBlock(size).cuda()
+    with torch.no_grad():
+        base.k_cache.normal_()
+        base.v_cache.normal_()
+    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([size.seq - 1], device="cuda")
+    print(f"\n== Llama decode step {size}, bf16")
+    impls: list[tuple[str, Callable[[Any], Any]]] = [
+        ("torch.compile reduce-overhead", lambda m: torch.compile(m, mode="reduce-overhead")),
+        ("torch.compile", torch.compile),
+        ("fusegraph (no CUDA graph)", lambda m: fg.compile(m, options={"cuda_graphs": False})),
+        ("fusegraph reduce-overhead", lambda m: fg.compile(m, mode="reduce-overhead"))]
+    for name, compile_fn in impls:
+        torch._dynamo.reset()
+        block = copy.deepcopy(base).to(torch.bfloat16)
+        step = T.DecodeStep(block, compile_fn(block), x, pos)
+        measure(name, step, rows, name.startswith("fusegraph"))
+
+
+def resnet50(rows: int, batch: int) -> None:
+    base = T.resnet50("full").eval().cuda()
+    for fmt_name, fmt in (("channels_last", torch.channels_last), ("NCHW", torch.contiguous_format)):
+        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=fmt)
+        print(f"\n== ResNet-50 inference batch {batch} bf16 {fmt_name}")
+        for name, compile_fn in (("torch.compile", torch.compile), ("fusegraph", fg.compile)):
+            torch._dynamo.reset()
+            model = copy.deepcopy(base).to(dtype=torch.bfloat16, memory_format=fmt)  # type: ignore[call-overload]
+            compiled = compile_fn(model)
+
+            def call(compiled: Any = compiled, x: torch.Tensor = x) -> Any:
+                with torch.no_grad():
+                    return compiled(x)
+            call.fusegraph_report = getattr(compiled, "fusegraph_report", None)  # type: ignore[attr-defined]
+            measure(name, call, rows, name == "fusegraph")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="gpt2_train,llama_decode,resnet50")
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--gpt2-batch", type=int, default=8)
+    parser.add_argument("--resnet-batch", type=int, default=128)
+    args = parser.parse_args()
+    T.S.device = "cuda"
+    from zoo_models import ensure_torchvision_importable
+    ensure_torchvision_importable()
+    buf = io.StringIO()
+    for group in args.only.split(","):
+        with redirect_stdout(buf):
+            try:
+                if group == "gpt2_train":
+                    gpt2_train(args.rows, args.gpt2_batch)
+                elif group == "llama_decode":
+                    llama_decode(args.rows)
+                elif group == "resnet50":
+                    resnet50(args.rows, args.resnet_batch)
+                else:
+                    raise SystemExit(f"unknown group {group!r}")
+            except Exception as exc:  # report and go on with the next group
+                import traceback
+                print(f"!! {group} failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        sys.stdout.write(buf.getvalue())
+        sys.stdout.flush()
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "profile_targets.txt"), "a") as f:
+                f.write(buf.getvalue())
+        buf.seek(0)
+        buf.truncate()
+
+
+if __name__ == "__main__":
+    main()
