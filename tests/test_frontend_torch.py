@@ -525,3 +525,27 @@ def test_graph_owned_tensor_constant_is_an_ir_constant_not_a_plan_input(monkeypa
         plan_input_names = [names[i] for i in partition._plan_inputs]
         assert not [n for n in plan_input_names if "constant" in n], plan_input_names
         assert len(partition.plan.input_handles) == len(plan_input_names)
+
+
+class TanhGeluMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+def test_training_recomputes_cheap_pointwise_chains_in_the_backward():
+    """settings.recompute (default on): AOTAutograd's min-cut partitioner saves the GELU's input only
+    and the backward recomputes the GELU's chain inside our backward plan (more backward ops, fewer
+    tensors handed from the forward); off: the forward saves the GELU's intermediates."""
+    nodes = {}
+    for recompute in (True, False):
+        torch._dynamo.reset()
+        with override(recompute=recompute):
+            compiled = _check_training(TanhGeluMLP(), rand(4, 8))
+        forward, backward = compiled.fusegraph_report.graphs
+        assert all(p.status == "fusegraph" for p in forward.partitions + backward.partitions)
+        nodes[recompute] = backward.nodes
+    assert nodes[True] > nodes[False], nodes

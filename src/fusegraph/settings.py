@@ -95,6 +95,14 @@ _register("autotune", bool, lambda: True,
 _register("tune_min_floor_us", int, lambda: 10,
           "Kernels whose cost-model floor is under this many microseconds are launch-bound: they are not "
           "timed, the cost model's first candidate is used. 0 times every kernel.")
+_register("tune_gemm_pair_floor_us", int, lambda: 2,
+          "A launch-bound GEMM (floor under tune_min_floor_us) whose floor is at least this many microseconds "
+          "(a weight-streaming decode GEMM) is timed between two candidates only: the first Triton config and "
+          "cuBLAS (one compile); below it the first candidate is used untimed.")
+_register("recompute", bool, lambda: True,
+          "Training graphs: split forward/backward with AOTAutograd's min-cut rematerialization partitioner "
+          "(recompute cheap pointwise chains in the backward instead of saving them); off: save every "
+          "intermediate the backward reads.")
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")

@@ -5,9 +5,11 @@ shape on a GPU. Without timing, the first candidate wins: the tiled fused Triton
 covers the group (build option gemm_variant="persistent"|"splitk"|"tiled" keeps only that kind).
 
 Build time: gemm_configs keeps few candidates (by the cost model and the shape), a launch-bound
-GEMM (floor under settings.tune_min_floor_us) is not timed, the kept Triton candidates compile in
-parallel before timing (tune/precompile.py), and the epilogue kernel of the cuBLAS candidate is
-only generated when cuBLAS is timed or chosen. Kernel.tuning records where the time went."""
+GEMM (floor under settings.tune_min_floor_us) is not timed (but one whose floor is above
+tune_gemm_pair_floor_us, a decode GEMM streaming its weight, is timed against cuBLAS only), the
+kept Triton candidates compile in parallel before timing (tune/precompile.py), and the epilogue
+kernel of the cuBLAS candidate is only generated when cuBLAS is timed or chosen.
+Kernel.tuning records where the time went."""
 
 from __future__ import annotations
 
@@ -242,7 +244,11 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
                              for job in GemmLaunch(fn, gen, dict(c.values), device).warmup_jobs(args)])
 
     key = _tune_key(gen, device)
-    result = tune(name, key, candidates, bench, floor_ms=floor_ms_of(kernel), precompile=precompile)
+    floor = floor_ms_of(kernel)
+    if _paired(floor):  # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
+        candidates = [candidates[0], next(c for c in candidates if c["backend"] == "cublas")]
+        floor = None if candidates[0] != candidates[1] else floor
+    result = tune(name, key, candidates, bench, floor_ms=floor, precompile=precompile)
     kernel.tuning = summary(result, len(candidates))
     return dict(result.config.values)
 
@@ -270,6 +276,16 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     fn = load_triton_function(gen.source, name)
     args = _example_inputs(gen.inputs, device)
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
+
+
+def _paired(floor_ms: float | None) -> bool:
+    """A launch-bound GEMM still worth one timing of its first Triton config against cuBLAS (settings
+    tune_gemm_pair_floor_us): the weight-streaming GEMMs of a decode step, where the two differ by up
+    to 2x (the Triton kernel's one compile is paid anyway for the untimed pick)."""
+    from ..tune.autotuner import launch_bound
+
+    return (settings.autotune and launch_bound(floor_ms) and floor_ms is not None
+            and floor_ms * 1e3 >= settings.tune_gemm_pair_floor_us)
 
 
 def _candidates(configs: list[dict[str, Any]], gen: GeneratedGemm | None = None) -> list[Any]:

@@ -19,6 +19,7 @@ reads directly are its static inputs: a captured graph reads them in place, not 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,20 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     keep = native_ops()
     return {op: fn for op, fn in core_aten_decompositions().items()
             if getattr(op, "overloadpacket", None) not in keep}
+
+
+def partition_fn() -> Callable[..., Any]:
+    """How AOTAutograd splits a training graph into forward and backward: the min-cut
+    rematerialization partitioner (what Inductor uses), which saves few tensors for the backward and
+    recomputes cheap pointwise chains there instead (they fuse into the backward's kernels): e.g. the
+    backward of a cross-entropy over a [tokens, vocab] logit matrix recomputes its softmax from the
+    logits instead of saving an fp32 log-softmax of the same size. settings.recompute off: the default
+    partitioner (save every intermediate the backward reads)."""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+
+    if not settings.recompute:
+        return default_partition
+    return functools.partial(min_cut_rematerialization_partition, compiler="inductor")
 
 
 def log(message: str) -> None:
@@ -153,7 +168,7 @@ class Session:
 
         backend = aot_autograd(fw_compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"),
                                inference_compiler=self._compiler("inference"),
-                               decompositions=decomposition_table())
+                               decompositions=decomposition_table(), partition_fn=partition_fn())
         try:
             return backend(gm, example_inputs)
         except Exception as err:  # AOTAutograd could not trace it: the whole graph runs in torch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import traceback
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +154,12 @@ class PartitionRecord:
     # one line per Plan kernel: "kind/backend: op+op+..." (fg.explain, bench/torch_backend_gpu.py)
     kernel_ops: list[str] = field(default_factory=list)
     views: int = 0                      # view kernels (strided aliases, no launch), not in kernel_ops
+    plan_ref: Any = field(default=None, repr=False, compare=False)  # weakref to the Plan (None: eager)
+
+    @property
+    def plan(self) -> Any:
+        """The partition's Plan while it is alive (plan.explain(): kernels, tuning, floors), else None."""
+        return self.plan_ref() if self.plan_ref is not None else None
 
 
 @dataclass
@@ -194,6 +201,7 @@ class CompiledPartition(torch.nn.Module):
             record.status, record.kernels = "fusegraph", len(launched)
             record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in launched]
             record.views = len(kernels) - len(launched)
+            record.plan_ref = weakref.ref(self.plan) if self.plan is not None else None
         except Exception as err:  # any translation or build failure: this partition runs in torch
             if settings.debug >= 2:
                 traceback.print_exc()
@@ -201,6 +209,7 @@ class CompiledPartition(torch.nn.Module):
 
     def _fall_back(self, reason: str) -> None:
         self.plan = None
+        self.record.plan_ref = None
         self.record.status, self.record.reason = "eager", reason
         ops = ", ".join(sorted(self.record.ops))
         self._warn(f"fusegraph: partition {self.record.name} ({ops}) runs eagerly in torch: {reason}")
