@@ -66,7 +66,29 @@ def plan_kernels(fn: Any) -> str:
     return "\n".join(lines)
 
 
-def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool) -> None:
+def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
+    """Per plan kernel of the given kinds: backend, chosen config, how it was tuned, notes."""
+    report = getattr(fn, "fusegraph_report", None)
+    if report is None:
+        return ""
+    lines = []
+    for graph in report.graphs:
+        for part in graph.partitions:
+            plan = part.plan
+            for k in (plan.kernels if plan is not None else []):
+                if k.kind in kinds:
+                    config = {a: v for a, v in (k.config or {}).items() if a in ("VARIANT", "BLOCK_M", "BLOCK_N",
+                              "BLOCK_K", "SPLIT_K", "candidate", "backend", "USE_TMA")}
+                    attrs = {a: v for a, v in k.nodes[0].attrs.items() if a in ("causal", "has_lse", "return_lse")} \
+                        if k.kind == "attention" else ""
+                    masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else ""
+                    lines.append(f"   [{graph.kind}] {k.name} {k.kind}/{k.backend} {config} {attrs}{masked} "
+                                 f"tuning={k.tuning} {k.note or ''}".rstrip())
+    return "\n".join(lines)
+
+
+def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
+            detail_kinds: tuple[str, ...] = ("matmul", "attention", "convolution")) -> None:
     fn()
     torch.cuda.synchronize()
     ms = device_time(fn, calls=20, repeats=3, graph=False).ms
@@ -74,6 +96,7 @@ def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool) -> Non
     print(kernel_table(fn, rows), flush=True)
     if with_plan:
         print(plan_kernels(fn), flush=True)
+        print(plan_details(fn, detail_kinds), flush=True)
 
 
 def gpt2_train(rows: int, batch: int) -> None:
