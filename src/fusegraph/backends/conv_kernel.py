@@ -19,7 +19,7 @@ from ..ir.registry import Cost, get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
-from . import cudnn, cudnn_frontend
+from . import cudnn, cudnn_conv_epilogue, cudnn_frontend
 
 
 def conv_group_cost(group: ConvGroup) -> Cost:
@@ -93,15 +93,14 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
     kernel = Kernel(name=name, kind="convolution", backend="cudnn" if device.startswith("cuda") else "reference",
                     nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
                     cost=conv_group_cost(group), launch=launch, source=source, note=note)
-    library = library_candidates(group, device, name)
+    library = library_candidates(group, device, name, compute_dtype)
     kernel.tuning = {"source": "default", "seconds": 0.0, "candidates": 1 + len(library)}
     chosen = _choose(kernel, group, launch, library, device) if library else None
     if chosen is not None:
         kernel.launch = library[chosen]
         kernel.config = {"candidate": chosen}
         kernel.note = f"{chosen} was faster than the convolution + our epilogue"
-        kernel.source = LIBRARY_SOURCES[chosen].format(op=node.op, layout=layout,
-                                                       act=cudnn_frontend.conv_activation(group.epilogue_nodes))
+        kernel.source = library_source(chosen, library[chosen], node.op, layout, group)
     kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
     return kernel
 
@@ -109,27 +108,46 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
 LIBRARY_SOURCES = {
     "cudnn_convolution_relu": "# torch.cudnn_convolution_relu: {op} + bias + relu in one cuDNN call, {layout}",
     "cudnn_frontend": "# cuDNN frontend graph (Graph API): {op} + bias + {act} in one fused plan, NHWC",
+    "cudnn_frontend_epilogue": "# cuDNN frontend graph (Graph API), one fused plan, NHWC: {act}",
 }
 
 
-def library_candidates(group: ConvGroup, device: str, name: str) -> dict[str, Any]:
+def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGroup) -> str:
+    """The kernel's source line for the chosen library candidate."""
+    if isinstance(launch, cudnn_conv_epilogue.FusedConvLaunch):
+        act = f"{launch.epi.describe()} ({launch.mode} form; per-channel vectors folded per call, cached by version)"
+    else:
+        act = str(cudnn_frontend.conv_activation(group.epilogue_nodes))
+    return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act)
+
+
+def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: str = "float32") -> dict[str, Any]:
     """Library implementations of the whole group (conv + epilogue) that apply here, by name: torch's
-    fused cuDNN conv+bias+relu, and a cuDNN frontend graph (conv + bias + activation). Empty off the GPU."""
+    fused cuDNN conv+bias+relu, and a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
+    inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py).
+    Empty off the GPU."""
     out: dict[str, Any] = {}
     fused = cudnn_fused_relu(group, device)
     if fused is not None:
         out["cudnn_convolution_relu"] = fused
     node = group.compute
-    sole_store = len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id
-    if device.startswith("cuda") and sole_store and len(group.epilogue.inputs) == 1:
-        frontend = cudnn_frontend.conv_candidate(node, group.epilogue_nodes, group.outputs[0].spec.memory_strides,
-                                                 device, name)
+    if not device.startswith("cuda"):
+        return out
+    if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
+        cudnn_frontend.debug(name, "the epilogue stores more than its final value")
+        return out
+    out_strides = group.outputs[0].spec.memory_strides
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    if len(group.epilogue.inputs) == 1 and cudnn_frontend.conv_activation(group.epilogue_nodes) is not None:
+        frontend = cudnn_frontend.conv_candidate(node, group.epilogue_nodes, out_strides, device, name)
         if frontend is not None:
-            positions = {n.id: k for k, n in enumerate(group.inputs)}
             conv_args = [positions[i.id] for i in node.inputs]
             out["cudnn_frontend"] = lambda args, fe=frontend: fe([args[k] for k in conv_args])
-    elif device.startswith("cuda"):
-        cudnn_frontend.debug(name, "the epilogue reads more than the convolution's result or stores twice")
+        return out
+    fused_epilogue = cudnn_conv_epilogue.candidate(node, group.epilogue_nodes, group.inputs, out_strides,
+                                                   compute_dtype, device, name)
+    if fused_epilogue is not None:
+        out["cudnn_frontend_epilogue"] = fused_epilogue
     return out
 
 
@@ -178,6 +196,10 @@ def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any
 
     name = kernel.name
     args = _example_inputs(group.inputs, device)
+    for fn in library.values():  # per-channel inputs (BN statistics) positive: a negative variance gives NaN
+        if isinstance(fn, cudnn_conv_epilogue.FusedConvLaunch):   # channels, whose relu differs by library
+            for k in fn.leaf_at:
+                args[k] = args[k].abs() + 0.5
     launches = {"conv+epilogue": plain}
     for label, fn in library.items():
         try:

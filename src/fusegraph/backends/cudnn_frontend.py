@@ -2,7 +2,8 @@
 nvidia-cudnn-frontend) as autotune candidates:
 
 - conv2d (+ its bias) + relu/gelu/silu (or no activation) in one fused plan, NHWC operands and
-  result, next to torch's conv + our generated epilogue (backends/conv_kernel.py);
+  result, next to torch's conv + our generated epilogue (backends/conv_kernel.py); the CNN
+  inference epilogues (BatchNorm affine, residual add, activation) are backends/cudnn_conv_epilogue.py;
 - causal or unmasked scaled dot-product attention forward (SDPA), next to torch's SDPA backends
   and our Triton kernel (backends/attention_kernel.py).
 
@@ -30,6 +31,7 @@ Launch = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
 # our pointwise op (+ attrs) -> the frontend's pygraph method
 ACTIVATIONS: dict[tuple[str, str], str] = {("relu", ""): "relu", ("gelu", "none"): "gelu",
                                            ("gelu", "tanh"): "gelu_approx_tanh", ("silu", ""): "swish"}
+ACTIVATION_OPS = frozenset(op for op, _ in ACTIVATIONS)
 NHWC = (0, 2, 3, 1)
 
 

@@ -1,0 +1,453 @@
+"""conv2d + a CNN inference epilogue as ONE cuDNN Graph API plan (runtime fusion), an autotune
+candidate of a ConvGroup next to torch's conv + our generated epilogue (backends/conv_kernel.py).
+
+The epilogue is read by its meaning, not by its op string: the nodes after the convolution are
+interpreted over symbolic values, each either
+
+- per-channel: a value that broadcasts along the channel axis only (BatchNorm's mean, var, weight,
+  bias after their casts/reshapes, rsqrt(var + eps), scalars); computed per call with the reference
+  executor on the few C elements, or
+- linear: sum_k scale_k * T_k + shift over full tensors T_k (the convolution's result, a residual)
+  with per-channel scale_k and shift, through add/sub/mul/div/neg and float casts, or
+- an activation (relu/gelu/silu) of a linear value, then only casts or a final layout copy.
+
+The result must be scale * conv + shift [+ rscale * residual] [-> activation]; then the plan is
+
+    conv_fprop -> mul(scale) -> add(shift) -> [add(residual) or add(mul(residual, rscale))] -> [act]
+
+fp32 intermediates, NHWC operands and result, per-channel vectors fp32 [1, C, 1, 1]. If cuDNN has
+no engine for a scaled residual (a pointwise op off the convolution's chain), the equivalent
+chain conv -> mul(scale/r) -> add(shift/r) -> add(residual) -> mul(r) -> act is tried, with r the
+residual's scale (|r| < 1e-20 replaced by 1e-20: the residual's term is then negligible, as it is).
+
+The per-channel vectors are folded per call (a few ops on 2 x C elements) and reused while every
+per-channel plan input is the same tensor object at the same version (torch bumps the version on
+in-place writes); inside a CUDA graph capture they are always recomputed (the replay recomputes).
+Anything else in the epilogue: not offered, with the reason under FUSEGRAPH_DEBUG.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..ir import dtypes
+from ..ir.node import Node
+from ..ir.spec import strides_for_order
+from ..reference import run_node
+from . import cudnn_frontend as fe
+
+# a per-channel expression: ("leaf", node id) | ("const", value) | (op, a, b) for mul/add/sub/div | ("neg", a)
+Expr = tuple[Any, ...]
+FLOATS = ("float16", "bfloat16", "float32")
+TINY = 1e-20
+
+
+def _mul(a: Expr | None, b: Expr | None) -> Expr | None:
+    """Product of two scales (None = 1)."""
+    return b if a is None else a if b is None else ("mul", a, b)
+
+
+def _add(a: Expr | None, b: Expr | None) -> Expr | None:
+    """Sum of two shifts (None = 0)."""
+    return b if a is None else a if b is None else ("add", a, b)
+
+
+def _neg(a: Expr | None) -> Expr:
+    return ("const", -1.0) if a is None else ("neg", a)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """sum over terms of scale * tensor(base id), plus shift; scale None = 1, shift None = 0."""
+
+    terms: tuple[tuple[int, Expr | None], ...]
+    shift: Expr | None = None
+
+    def scaled(self, c: Expr, divide: bool = False) -> Linear:
+        op = "div" if divide else "mul"
+        one: Expr = ("const", 1.0)
+        return Linear(tuple((b, (op, s if s is not None else one, c)) for b, s in self.terms),
+                      None if self.shift is None else (op, self.shift, c))
+
+    def shifted(self, c: Expr) -> Linear:
+        return Linear(self.terms, _add(self.shift, c))
+
+    def negated(self) -> Linear:
+        return Linear(tuple((b, _neg(s)) for b, s in self.terms), None if self.shift is None else _neg(self.shift))
+
+    def plus(self, other: Linear) -> Linear:
+        terms = dict(self.terms)
+        for base, s in other.terms:
+            if base in terms:
+                terms[base] = ("add", terms[base] or ("const", 1.0), s or ("const", 1.0))
+            else:
+                terms[base] = s
+        return Linear(tuple(terms.items()), _add(self.shift, other.shift))
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str           # the frontend's pygraph method (relu, gelu, gelu_approx_tanh, swish)
+    of: Linear
+
+
+@dataclass
+class ConvEpilogue:
+    """What the epilogue computes: activation(scale * conv + shift + rscale * residual)."""
+
+    conv: Node
+    channels: int
+    scale: Expr | None
+    shift: Expr | None
+    residual: Node | None
+    residual_scale: Expr | None
+    activation: str
+    out: Node                                   # the stored value (its dtype is the plan's output dtype)
+    chan_nodes: list[Node] = field(default_factory=list)    # per-channel nodes, in order, evaluated per call
+    leaves: list[Node] = field(default_factory=list)        # per-channel values read from the kernel's inputs
+    constants: list[Node] = field(default_factory=list)     # per-channel generators (scalars), no inputs
+
+    def describe(self) -> str:
+        steps = ["conv_fprop"]
+        if self.scale is not None:
+            steps.append("mul(scale)")
+        if self.shift is not None:
+            steps.append("add(shift)")
+        if self.residual is not None:
+            steps.append("add(residual)" if self.residual_scale is None else "add(mul(residual, rscale))")
+        if self.activation:
+            steps.append(self.activation)
+        return " -> ".join(steps)
+
+
+class NotServed(Exception):
+    """The epilogue is not one the fused plan computes (the message says which node and why)."""
+
+
+def _channel_broadcast(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Does a value of `shape` broadcast against `full` (N, C, ...) along the channel axis only?"""
+    if len(shape) > len(full):
+        return False
+    offset = len(full) - len(shape)
+    return all(d == 1 or (offset + i == 1 and d == full[1]) for i, d in enumerate(shape))
+
+
+def classify(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node]) -> ConvEpilogue:
+    """Interpret the epilogue nodes (in order) over symbolic values; NotServed names the first node
+    that is not per-channel arithmetic, linear in full tensors, or a final activation."""
+    if conv.op != "conv2d" or len(conv.spec.shape) != 4:
+        raise NotServed(f"{conv.op} {conv.name} is not a 2-d forward convolution")
+    full = conv.spec.shape
+    values: dict[int, Linear | Activation | str] = {}   # "chan" for per-channel nodes
+    epi = ConvEpilogue(conv, full[1], None, None, None, None, "", conv)
+    shift0 = None
+    if len(conv.inputs) == 3:   # conv bias: a per-channel shift of the product
+        bias = conv.inputs[2]
+        epi.leaves.append(bias)
+        values[bias.id] = "chan"
+        shift0 = ("leaf", bias.id)
+    values[conv.id] = Linear(((conv.id, None),), shift0)
+    given = {n.id for n in inputs}
+    for node in epilogue:
+        for i in node.inputs:
+            if i.id not in values:
+                values[i.id] = _leaf(node, i, i.id in given, full, epi)
+        values[node.id] = _step(node, [values[i.id] for i in node.inputs], full, epi)
+        if values[node.id] == "chan":
+            epi.chan_nodes.append(node)
+        epi.out = node
+    result = values[epi.out.id]
+    if isinstance(result, Activation):
+        epi.activation, result = result.name, result.of
+    if not isinstance(result, Linear):
+        raise NotServed(f"the epilogue's result {epi.out.op} {epi.out.name} is per-channel, not the convolution's")
+    terms = dict(result.terms)
+    if conv.id not in terms:
+        raise NotServed("the convolution's result does not reach the output")
+    epi.scale, epi.shift = terms.pop(conv.id), result.shift
+    if len(terms) > 1:
+        raise NotServed(f"{len(terms)} residual tensors (at most one)")
+    for base, s in terms.items():
+        epi.residual = next(n for n in inputs if n.id == base)
+        epi.residual_scale = s
+    if epi.out.dtype not in FLOATS or conv.dtype not in ("float16", "bfloat16"):
+        raise NotServed(f"dtypes conv {conv.dtype} -> output {epi.out.dtype} (fp16/bf16 convolutions only)")
+    if tuple(epi.out.spec.shape) != tuple(full):
+        raise NotServed(f"output shape {epi.out.spec.shape} is not the convolution's {full}")
+    return epi
+
+
+def _leaf(node: Node, value: Node, given: bool, full: tuple[int, ...], epi: ConvEpilogue) -> Linear | str:
+    """The symbolic value of a tensor the epilogue reads from outside itself: a kernel input of the
+    convolution's shape (a residual), a per-channel kernel input, or a per-channel generator."""
+    shape = tuple(value.spec.shape)
+    if given and shape == tuple(full):
+        return Linear(((value.id, None),))
+    per_channel = _channel_broadcast(shape, full) or (len(shape) == 1 and shape[0] == full[1])
+    if given and per_channel:   # a [C] vector counts where a reshape puts C on the channel axis (checked at use)
+        epi.leaves.append(value)
+        return "chan"
+    if not given and not value.inputs and per_channel:
+        epi.constants.append(value)
+        return "chan"
+    raise NotServed(f"{node.op} {node.name} reads {value.op} {value.name} of shape {shape}, neither per-channel "
+                    f"nor of the convolution's shape {full}")
+
+
+def _step(node: Node, args: list[Any], full: tuple[int, ...], epi: ConvEpilogue) -> Linear | Activation | str:
+    """The symbolic value of one epilogue node from its inputs' values."""
+    where = f"{node.op} {node.name}"
+    if all(a == "chan" for a in args):
+        if not _channel_broadcast(tuple(node.spec.shape), full) and node.spec.numel != full[1]:
+            raise NotServed(f"{where}: per-channel inputs, but shape {node.spec.shape} is not per-channel")
+        return "chan"
+    if any(isinstance(a, Activation) for a in args):
+        if node.op in ("cast", "to_layout") and (node.op == "to_layout" or node.dtype in FLOATS):
+            return args[0]  # type: ignore[no-any-return]
+        raise NotServed(f"{where} after the activation (only casts or a layout copy may follow it)")
+    chans: list[Expr | None] = []
+    for i, a in zip(node.inputs, args, strict=True):
+        if a == "chan":
+            if not _channel_broadcast(tuple(i.spec.shape), full):
+                raise NotServed(f"{where}: {i.name} of shape {i.spec.shape} does not broadcast along channels")
+            chans.append(("leaf", i.id))
+        else:
+            chans.append(None)
+    if tuple(node.spec.shape) != tuple(full):
+        raise NotServed(f"{where}: shape {node.spec.shape} is not the convolution's {full}")
+    op = node.op
+    if (op == "cast" and node.dtype in FLOATS) or op == "to_layout" or op in ("reshape", "view", "expand"):
+        return args[0]  # type: ignore[no-any-return]
+    if op in fe.ACTIVATION_OPS:
+        act = fe.ACTIVATIONS.get((op, str(node.attrs.get("approximate", "none")) if op == "gelu" else ""))
+        if act is None or len(args) != 1:
+            raise NotServed(f"{where}: activation {dict(node.attrs)} not served by the frontend")
+        return Activation(act, args[0])
+    if node.attrs and op in ("add", "sub", "mul", "div", "neg"):
+        raise NotServed(f"{where}: attributes {dict(node.attrs)}")
+    if op == "neg" and len(args) == 1:
+        return args[0].negated()  # type: ignore[no-any-return]
+    if len(args) != 2 or op not in ("add", "sub", "mul", "div"):
+        raise NotServed(f"{where}: {op} is not per-channel affine arithmetic, a residual add or relu/gelu/silu")
+    a, b = args
+    ca, cb = chans
+    if op in ("add", "sub"):
+        if isinstance(a, Linear) and isinstance(b, Linear):
+            return a.plus(b if op == "add" else b.negated())
+        if isinstance(a, Linear) and cb is not None:
+            return a.shifted(cb if op == "add" else ("neg", cb))
+        assert isinstance(b, Linear) and ca is not None
+        return (b if op == "add" else b.negated()).shifted(ca)
+    if op == "mul" and isinstance(a, Linear) and cb is not None:
+        return a.scaled(cb)
+    if op == "mul" and isinstance(b, Linear) and ca is not None:
+        return b.scaled(ca)
+    if op == "div" and isinstance(a, Linear) and cb is not None:
+        return a.scaled(cb, divide=True)
+    raise NotServed(f"{where}: {op} of two full tensors (not linear)" if op == "mul"
+                    else f"{where}: division by a full tensor")
+
+
+# ---- per-call folding of the per-channel vectors ----
+
+def evaluate(expr: Expr, vectors: dict[int, torch.Tensor], channels: int, device: torch.device) -> torch.Tensor:
+    """An expression over fp32 [C] vectors."""
+    kind = expr[0]
+    if kind == "leaf":
+        v = vectors[expr[1]]
+        return v.expand(channels) if v.numel() == 1 else v
+    if kind == "const":
+        return torch.full((channels,), float(expr[1]), dtype=torch.float32, device=device)
+    if kind == "neg":
+        return -evaluate(expr[1], vectors, channels, device)
+    a, b = (evaluate(e, vectors, channels, device) for e in expr[1:])
+    if kind == "mul":
+        return a * b
+    if kind == "add":
+        return a + b
+    if kind == "sub":
+        return a - b
+    return a / b
+
+
+def fold(epi: ConvEpilogue, leaf_values: Sequence[torch.Tensor], compute_dtype: str,
+         device: torch.device) -> dict[str, torch.Tensor]:
+    """The fp32 [C] vectors scale, shift and rscale (only those the epilogue has) from the per-channel
+    inputs (in epi.leaves order): the per-channel nodes run through the reference executor."""
+    env: dict[int, torch.Tensor] = {n.id: t for n, t in zip(epi.leaves, leaf_values, strict=True)}
+    for n in epi.constants:
+        env[n.id] = run_node(n, [], compute_dtype, device)
+    for n in epi.chan_nodes:
+        env[n.id] = run_node(n, [env[i.id] for i in n.inputs], compute_dtype, device)
+    vectors = {k: v.reshape(-1).float() for k, v in env.items()}
+    out = {}
+    for key, expr in (("scale", epi.scale), ("shift", epi.shift), ("rscale", epi.residual_scale)):
+        if expr is not None:
+            out[key] = evaluate(expr, vectors, epi.channels, device)
+    return out
+
+
+def rescaled(vectors: dict[str, torch.Tensor], channels: int) -> dict[str, torch.Tensor]:
+    """scale/r, shift/r and r (the residual's scale, kept away from zero) for the chain that adds the
+    residual unscaled and multiplies by r after it."""
+    r = vectors["rscale"]
+    r = torch.where(r.abs() < TINY, torch.full_like(r, TINY), r)
+    one = torch.ones(channels, dtype=torch.float32, device=r.device)
+    return {"scale": vectors.get("scale", one) / r,
+            "shift": vectors.get("shift", torch.zeros_like(one)) / r, "rscale": r}
+
+
+# ---- the cuDNN graph ----
+
+NHWC = (0, 2, 3, 1)
+
+
+def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str) -> tuple[Any, dict[str, Any]]:
+    """Describe the plan to the frontend module `cudnn` (mode "direct": the residual scaled in the
+    graph; "rescaled": the residual added unscaled and the sum multiplied by its scale). Returns the
+    graph (not built) and its tensors by role: x, w, scale, shift, residual, rscale, y."""
+    from ..ops.conv import conv_params
+
+    node = epi.conv
+    stride, padding, dilation, _ = conv_params(node.attrs)
+    dt = fe._data_type(cudnn, node.dtype)
+    fp32 = cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=dt, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    x_spec, w_spec = node.inputs[0].spec, node.inputs[1].spec
+    t: dict[str, Any] = {
+        "x": graph.tensor(name="x", dim=list(x_spec.shape), stride=list(strides_for_order(x_spec.shape, NHWC)),
+                          data_type=dt),
+        "w": graph.tensor(name="w", dim=list(w_spec.shape), stride=list(strides_for_order(w_spec.shape, NHWC)),
+                          data_type=dt)}
+    c = epi.channels
+
+    def vector(role: str) -> Any:
+        t[role] = graph.tensor(name=role, dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=fp32)
+        return t[role]
+
+    y = graph.conv_fprop(image=t["x"], weight=t["w"], padding=list(padding), stride=list(stride),
+                         dilation=list(dilation), compute_data_type=fp32, name="conv")
+    scaled_residual = epi.residual is not None and epi.residual_scale is not None
+    rescale = mode == "rescaled" and scaled_residual
+    if epi.scale is not None or rescale:
+        y = graph.mul(a=y, b=vector("scale"), compute_data_type=fp32, name="scale")
+    if epi.shift is not None or rescale:
+        y = graph.add(a=y, b=vector("shift"), compute_data_type=fp32, name="shift")
+    if epi.residual is not None:
+        shape = epi.residual.spec.shape
+        r = t["residual"] = graph.tensor(name="residual", dim=list(shape), stride=list(strides_for_order(shape, NHWC)),
+                                         data_type=fe._data_type(cudnn, epi.residual.dtype))
+        if scaled_residual and not rescale:
+            r = graph.mul(a=r, b=vector("rscale"), compute_data_type=fp32, name="residual_scale")
+        y = graph.add(a=y, b=r, compute_data_type=fp32, name="residual")
+        if rescale:
+            y = graph.mul(a=y, b=vector("rscale"), compute_data_type=fp32, name="rescale")
+    if epi.activation:
+        y = getattr(graph, epi.activation)(input=y, name=epi.activation)
+    shape = epi.out.spec.shape
+    y.set_output(True).set_data_type(fe._data_type(cudnn, epi.out.dtype)).set_dim(list(shape)) \
+        .set_stride(list(strides_for_order(shape, NHWC)))
+    t["y"] = y
+    return graph, t
+
+
+class FusedConvLaunch:
+    """The launch of a built plan: args in the ConvGroup's input order -> [result in out_strides].
+    `folds` counts how often the per-channel vectors were (re)computed."""
+
+    def __init__(self, epi: ConvEpilogue, plan: fe.FrontendPlan, tensors: dict[str, Any], mode: str,
+                 positions: dict[int, int], out_strides: tuple[int, ...], compute_dtype: str,
+                 device: torch.device) -> None:
+        self.epi, self.plan, self.tensors, self.mode = epi, plan, tensors, mode
+        node = epi.conv
+        self.conv_at = [positions[i.id] for i in node.inputs[:2]]
+        self.leaf_at = [positions[n.id] for n in epi.leaves]
+        self.residual_at = positions[epi.residual.id] if epi.residual is not None else None
+        self.out_shape = tuple(epi.out.spec.shape)
+        self.nhwc = strides_for_order(self.out_shape, NHWC)
+        self.out_strides = tuple(out_strides)
+        self.out_dtype = dtypes.to_torch(epi.out.dtype)
+        self.compute_dtype, self.device = compute_dtype, device
+        # caching is safe only for values that are plan inputs or constants (not buffers other kernels rewrite)
+        self.cacheable = all(n.op in ("input", "constant") for n in epi.leaves)
+        self._cache: tuple[list[tuple[Any, int]], dict[str, torch.Tensor]] | None = None
+        self.folds = 0
+
+    def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        leaves = [args[k] for k in self.leaf_at]
+        capturing = args[0].is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.cacheable and not capturing and self._cache is not None:
+            keys, cached = self._cache
+            if len(keys) == len(leaves) and all(ref() is t and t._version == v
+                                                for (ref, v), t in zip(keys, leaves, strict=True)):
+                return cached
+        self.folds += 1
+        got = fold(self.epi, leaves, self.compute_dtype, args[0].device)
+        if self.mode == "rescaled" and "rscale" in got:
+            got = rescaled(got, self.epi.channels)
+        c = self.epi.channels   # [1, C, 1, 1] in the NHWC strides the graph declares
+        got = {k: v.contiguous().as_strided((1, c, 1, 1), (c, 1, c, c)) for k, v in got.items()}
+        if self.cacheable and not capturing:
+            self._cache = ([(weakref.ref(t), t._version) for t in leaves], got)
+        return got
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        cl = torch.channels_last
+        x, w = (args[k].contiguous(memory_format=cl) for k in self.conv_at)
+        out = torch.empty_strided(self.out_shape, self.nhwc, dtype=self.out_dtype, device=x.device)
+        t = self.tensors
+        bindings = {t["x"]: x, t["w"]: w, t["y"]: out}
+        for role, v in self.vectors(args).items():
+            bindings[t[role]] = v
+        if self.residual_at is not None:
+            bindings[t["residual"]] = args[self.residual_at].contiguous(memory_format=cl)
+        self.plan(bindings)
+        if out.stride() != self.out_strides:
+            out = torch.empty_strided(self.out_shape, self.out_strides, dtype=out.dtype, device=out.device).copy_(out)
+        return [out]
+
+
+def candidate(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], out_strides: tuple[int, ...],
+              compute_dtype: str, device: str, name: str) -> FusedConvLaunch | None:
+    """The fused launch (args = `inputs`, the ConvGroup's inputs) or None, with the reason under
+    FUSEGRAPH_DEBUG: the frontend unavailable, an epilogue it does not serve, or no cuDNN engine."""
+    why = fe.unavailable(device)
+    if why is None:
+        try:
+            epi = classify(conv, epilogue, inputs)
+        except NotServed as err:
+            why = f"epilogue not served: {err}"
+        else:
+            if int(conv.attrs.get("groups", 1)) != 1:
+                why = "grouped convolution"
+    if why is not None:
+        fe.debug(name, why)
+        return None
+    return build(epi, inputs, out_strides, compute_dtype, torch.device(device), name)
+
+
+def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...], compute_dtype: str,
+          device: torch.device, name: str) -> FusedConvLaunch | None:
+    """Build the plan (the direct chain, then for a scaled residual the rescaled one); None when the
+    frontend rejects both (debug reason)."""
+    cudnn = fe._load()[0]
+    handle = fe._handle(cudnn, device)
+    positions = {n.id: k for k, n in enumerate(inputs)}
+    modes = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
+    failures = []
+    for mode in modes:
+        try:
+            graph, tensors = build_graph(cudnn, handle, epi, mode)
+            fe._build(graph, cudnn)
+        except Exception as err:  # no engine for this graph here: try the next form
+            failures.append(f"{mode}: {type(err).__name__}: {str(err)[:200]}")
+            continue
+        plan = fe.FrontendPlan(cudnn, graph, handle, device)
+        return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device)
+    fe.debug(name, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures))
+    return None

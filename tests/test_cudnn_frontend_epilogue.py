@@ -1,0 +1,300 @@
+"""The fused cuDNN-frontend conv epilogue candidate (backends/cudnn_conv_epilogue.py) on CPU: the
+epilogue read by meaning from real plans compiled through fg.compile (conv+BN+ReLU, conv+BN+add+ReLU,
+the downsample block's conv+BN + BN(conv) + ReLU), an unsupported epilogue refused with a reason,
+the per-channel folding against BatchNorm in fp32, and the graph we describe to the frontend, run by a
+stand-in `cudnn` module whose graph records the ops and executes them with torch."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.backends import cudnn_conv_epilogue as cce
+from fusegraph.backends import cudnn_frontend
+from fusegraph.backends.conv_kernel import library_candidates
+from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
+
+
+class ConvBN(nn.Module):
+    """conv -> BN [-> + residual, or + BN(conv2(x)) for "downsample"] -> activation."""
+
+    def __init__(self, residual: str = "", act: str = "relu") -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(4, 8, 1, bias=False), nn.BatchNorm2d(8)
+        self.residual, self.act = residual, act
+        for bn in (self.bn, self.bn2):   # non-trivial running statistics and affine
+            assert bn.running_mean is not None and bn.running_var is not None
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        if self.residual == "add":
+            y = y + r
+        elif self.residual == "downsample":
+            y = y + self.bn2(self.conv2(x))
+        if self.act == "sigmoid_mul":
+            return y * torch.sigmoid(y)
+        return torch.relu(y)
+
+
+def _groups(model: nn.Module, dtype: torch.dtype = torch.float16) -> tuple[list[ConvGroup], Any]:
+    """The ConvGroups of the plan fg.compile builds for `model` (eval, channels-last)."""
+    model = model.eval().to(dtype).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    x = rand(2, 4, 6, 6, dtype=dtype).to(memory_format=torch.channels_last)
+    r = rand(2, 8, 6, 6, dtype=dtype).to(memory_format=torch.channels_last)
+    torch._dynamo.reset()    # each block variant is a new frame to compile (not a recompile of the last)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        compiled(x, r)
+    (part,) = [p for g in compiled.fusegraph_report.graphs for p in g.partitions]
+    plan = part.plan
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    return [i for i in items if isinstance(i, ConvGroup)], plan
+
+
+def _main(groups: list[ConvGroup]) -> ConvGroup:
+    """The ConvGroup whose epilogue does the most (the other convolutions store their result)."""
+    return max(groups, key=lambda g: len(g.epilogue_nodes))
+
+
+def _names(nodes: list[Any]) -> list[str]:
+    return [n.name for n in nodes]
+
+
+def test_conv_bn_relu_is_affine_then_relu() -> None:
+    group = _main(_groups(ConvBN())[0])
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    assert epi.scale is not None and epi.shift is not None
+    assert epi.residual is None and epi.residual_scale is None and epi.activation == "relu"
+    # the four BatchNorm tensors (mean, var, weight, bias) are the per-channel plan inputs read
+    assert len(epi.leaves) == 4 and all(n.op == "input" and n.spec.shape == (8,) for n in epi.leaves)
+    assert [n.op for n in epi.constants] == ["scalar"]                   # eps
+    assert epi.describe() == "conv_fprop -> mul(scale) -> add(shift) -> relu"
+
+
+def test_conv_bn_add_relu_has_the_residual_input() -> None:
+    group = _main(_groups(ConvBN("add"))[0])
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    assert epi.residual is not None and epi.residual.op == "input" and epi.residual.spec.shape == (2, 8, 6, 6)
+    assert epi.residual_scale is None and epi.activation == "relu"
+    assert len(epi.leaves) == 4
+    assert epi.describe() == "conv_fprop -> mul(scale) -> add(shift) -> add(residual) -> relu"
+
+
+def test_downsample_block_scales_the_residual() -> None:
+    groups = _groups(ConvBN("downsample"))[0]
+    group = _main(groups)
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    other = next(g for g in groups if g is not group)
+    assert epi.residual is not None and epi.residual.id == other.compute.id    # the other conv's result
+    assert epi.residual_scale is not None and len(epi.leaves) == 8            # two BatchNorms
+    assert epi.describe() == "conv_fprop -> mul(scale) -> add(shift) -> add(mul(residual, rscale)) -> relu"
+
+
+def test_unsupported_epilogue_is_not_offered_with_a_reason(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    group = _main(_groups(ConvBN(act="sigmoid_mul"))[0])
+    with pytest.raises(cce.NotServed, match="sigmoid"):
+        cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)   # as if on a GPU with cuDNN
+    with override(debug=1):
+        got = cce.candidate(group.compute, group.epilogue_nodes, group.inputs, group.outputs[0].spec.memory_strides,
+                            "float32", "cuda", "fg_k0_conv")
+    assert got is None
+    assert "fg_k0_conv: cuDNN frontend not used: epilogue not served: sigmoid" in capsys.readouterr().out
+
+
+def test_not_offered_off_the_gpu() -> None:
+    group = _main(_groups(ConvBN("add"))[0])
+    assert library_candidates(group, "cpu", "k") == {}
+    assert cce.candidate(group.compute, group.epilogue_nodes, group.inputs, group.outputs[0].spec.memory_strides,
+                         "float32", "cpu", "k") is None
+
+
+def _graph_api_block() -> tuple[ConvGroup, dict[str, torch.Tensor]]:
+    """relu(BN(conv(x)) + BN2(z)) built with the Graph API (named inputs), with fp32 BN tensors."""
+    g = fg.Graph(name="conv_bn_bn", compute_dtype="float32")
+    x = g.tensor((2, 4, 6, 6), dtype="float16", name="x", layout="NHWC")
+    w = g.tensor((8, 4, 3, 3), dtype="float16", name="w")
+    z = g.tensor((2, 8, 6, 6), dtype="float16", name="z", layout="NHWC")
+    names = ["mean", "var", "gamma", "beta", "mean2", "var2", "gamma2", "beta2"]
+    t = {n: g.tensor((8,), dtype="float32", name=n) for n in names}
+    y = g.batch_norm(g.conv2d(x, w, stride=1, padding=1), t["mean"], t["var"], t["gamma"], t["beta"], eps=1e-5)
+    y2 = g.batch_norm(z, t["mean2"], t["var2"], t["gamma2"], t["beta2"], eps=1e-3)
+    g.relu(g.add(y, y2)).set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    (group,) = [i for i in items if isinstance(i, ConvGroup)]
+    values = {n: (rand(8, low=0.5) if n.startswith("var") else rand(8)) for n in names}
+    return group, values
+
+
+def test_folded_scale_and_shift_match_batchnorm_fp32() -> None:
+    group, values = _graph_api_block()
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    assert sorted(n.name for n in epi.leaves) == sorted(values)
+    vec = cce.fold(epi, [values[n.name] for n in epi.leaves], "float32", torch.device("cpu"))
+    y, z = rand(2, 8, 6, 6), rand(2, 8, 6, 6)
+    got = vec["scale"].view(1, -1, 1, 1) * y + vec["shift"].view(1, -1, 1, 1) + vec["rscale"].view(1, -1, 1, 1) * z
+    v = values
+    bn_y = F.batch_norm(y, v["mean"], v["var"], v["gamma"], v["beta"], eps=1e-5)
+    bn_z = F.batch_norm(z, v["mean2"], v["var2"], v["gamma2"], v["beta2"], eps=1e-3)
+    assert_close(got, bn_y + bn_z, tol=1e-6, what="folded BN")
+    wrong_eps = F.batch_norm(z, v["mean2"], v["var2"], v["gamma2"], v["beta2"], eps=1e-5)
+    assert (got - (bn_y + wrong_eps)).abs().max() > 1e-5      # each BN's own eps was folded in
+    # the rescaled form computes the same sum: ((scale/r) y + shift/r + z) r
+    res = cce.rescaled(vec, 8)
+    again = (res["scale"].view(1, -1, 1, 1) * y + res["shift"].view(1, -1, 1, 1) + z) * res["rscale"].view(1, -1, 1, 1)
+    assert_close(again, bn_y + bn_z, tol=1e-5, what="rescaled form")
+
+
+# ---- a stand-in cudnn module: the graph records ops and executes them with torch ----
+
+class _T:
+    def __init__(self, graph: _Graph, op: str, args: tuple[Any, ...] = (), **attrs: Any) -> None:
+        self.graph, self.op, self.args, self.attrs = graph, op, args, attrs
+        self.dim: list[int] = attrs.get("dim", [])
+        self.stride: list[int] = attrs.get("stride", [])
+
+    def set_output(self, flag: bool) -> _T:
+        self.graph.output = self
+        return self
+
+    def set_data_type(self, dt: Any) -> _T:
+        self.data_type = dt
+        return self
+
+    def set_dim(self, dim: list[int]) -> _T:
+        self.dim = dim
+        return self
+
+    def set_stride(self, stride: list[int]) -> _T:
+        self.stride = stride
+        return self
+
+
+class _Graph:
+    fail_direct = False          # no engine when a pointwise op reads the residual directly
+    last: _Graph | None = None
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw = kw
+        self.ops: list[tuple[str, Any]] = []
+        self.steps: list[str] = []
+        self.tensors: dict[str, _T] = {}
+        self.output: _T | None = None
+        _Graph.last = self
+
+    def tensor(self, name: str, dim: list[int], stride: list[int], data_type: Any) -> _T:
+        self.tensors[name] = _T(self, "tensor", name=name, dim=dim, stride=stride, data_type=data_type)
+        return self.tensors[name]
+
+    def _op(self, op: str, *args: Any, **attrs: Any) -> _T:
+        self.ops.append((op, attrs.get("name")))
+        return _T(self, op, args, **attrs)
+
+    def conv_fprop(self, image: _T, weight: _T, padding: list[int], stride: list[int], dilation: list[int],
+                   compute_data_type: Any, name: str) -> _T:
+        return self._op("conv_fprop", image, weight, padding=padding, stride_=stride, dilation=dilation, name=name)
+
+    def mul(self, a: _T, b: _T, compute_data_type: Any, name: str) -> _T:
+        return self._op("mul", a, b, name=name)
+
+    def add(self, a: _T, b: _T, compute_data_type: Any, name: str) -> _T:
+        return self._op("add", a, b, name=name)
+
+    def relu(self, input: _T, name: str) -> _T:
+        return self._op("relu", input, name=name)
+
+    def validate(self) -> None:
+        self.steps.append("validate")
+        if _Graph.fail_direct and any(op == "mul" and name == "residual_scale" for op, name in self.ops):
+            raise RuntimeError("cudnnGraphNotSupportedError: no engine for a pointwise op off the conv chain")
+
+    def build_operation_graph(self) -> None: self.steps.append("build_operation_graph")
+    def create_execution_plans(self, modes: list[Any]) -> None: self.steps.append("create_execution_plans")
+    def check_support(self) -> None: self.steps.append("check_support")
+    def build_plans(self) -> None: self.steps.append("build_plans")
+    def get_workspace_size(self) -> int: return 0
+
+    def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
+        def value(t: _T) -> torch.Tensor:
+            if t.op == "tensor":
+                v = bindings[t]
+                assert list(v.shape) == t.dim and list(v.stride()) == t.stride, (t.attrs["name"], v.stride())
+                return v.float()
+            a = [value(i) for i in t.args]
+            if t.op == "conv_fprop":
+                return F.conv2d(a[0], a[1], stride=t.attrs["stride_"], padding=t.attrs["padding"],
+                                dilation=t.attrs["dilation"])
+            return {"mul": lambda: a[0] * a[1], "add": lambda: a[0] + a[1], "relu": lambda: F.relu(a[0])}[t.op]()
+
+        assert self.output is not None
+        bindings[self.output].copy_(value(self.output))
+
+
+def _fake_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(
+        pygraph=_Graph, data_type=types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float"),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), set_stream=lambda h, s: None)
+    monkeypatch.setattr(cudnn_frontend, "_load", lambda: (fake, None))
+    monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)
+    monkeypatch.setattr(cudnn_frontend, "_handle", lambda module, device: None)
+
+
+@pytest.mark.parametrize("residual", ["", "add", "downsample"])
+@pytest.mark.parametrize("fail_direct", [False, True])
+def test_the_graph_we_describe_computes_the_block(monkeypatch: pytest.MonkeyPatch, residual: str,
+                                                  fail_direct: bool) -> None:
+    _fake_cudnn(monkeypatch)
+    monkeypatch.setattr(_Graph, "fail_direct", fail_direct)
+    groups, _ = _groups(ConvBN(residual))
+    group = _main(groups)
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    launch = cce.build(epi, group.inputs, group.outputs[0].spec.memory_strides, "float32", torch.device("cpu"), "k")
+    assert launch is not None
+    graph = _Graph.last
+    assert graph is not None and graph.steps[-1] == "build_plans"
+    ops = [op for op, _ in graph.ops]
+    want = {"": ["conv_fprop", "mul", "add", "relu"],
+            "add": ["conv_fprop", "mul", "add", "add", "relu"],
+            "downsample": ["conv_fprop", "mul", "add", "mul", "add", "relu"]}[residual]
+    if residual == "downsample" and fail_direct:     # the rescaled chain: mul(scale/r), add(shift/r), add(z), mul(r)
+        want = ["conv_fprop", "mul", "add", "add", "mul", "relu"]
+    assert ops == want
+    assert launch.mode == ("rescaled" if residual == "downsample" and fail_direct else "direct")
+    assert graph.tensors["x"].stride == [144, 1, 24, 4] and graph.tensors["scale"].dim == [1, 8, 1, 1]
+    # run it on the group's example inputs against our conv + generated epilogue (the reference)
+    from fusegraph.backends.conv_kernel import conv_group_kernel
+    from fusegraph.lower import _example_inputs
+
+    args = _example_inputs(group.inputs, "cpu")
+    for k in launch.leaf_at:          # valid BatchNorm statistics (variance > 0)
+        args[k] = args[k].abs() + 0.5
+    plain = conv_group_kernel(group, "k", "float32", "cpu", {})
+    (want_out,) = plain.launch(args)
+    (got,) = launch(args)
+    assert got.stride() == want_out.stride()
+    assert_close(got, want_out, tol=2e-3, what=f"fused {residual or 'conv+bn+relu'}")
+    # the per-channel vectors are folded once and reused while the inputs are unchanged ...
+    launch(args)
+    assert launch.folds == 1
+    # ... and refolded after an in-place change of a BatchNorm tensor (the version counter moves)
+    leaf = args[launch.leaf_at[-1]]
+    leaf.add_(0.5)
+    (changed,) = launch(args)
+    assert launch.folds == 2
+    assert_close(changed, plain.launch(args)[0], tol=2e-3, what="after an in-place BN update")
