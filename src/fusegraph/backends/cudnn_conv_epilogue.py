@@ -69,10 +69,13 @@ class Linear:
     shift: Expr | None = None
 
     def scaled(self, c: Expr, divide: bool = False) -> Linear:
-        op = "div" if divide else "mul"
-        one: Expr = ("const", 1.0)
-        return Linear(tuple((b, (op, s if s is not None else one, c)) for b, s in self.terms),
-                      None if self.shift is None else (op, self.shift, c))
+        def apply(s: Expr | None) -> Expr:
+            if divide:
+                return ("div", ("const", 1.0) if s is None else s, c)
+            return c if s is None else ("mul", s, c)
+
+        return Linear(tuple((b, apply(s)) for b, s in self.terms),
+                      None if self.shift is None else ("div" if divide else "mul", self.shift, c))
 
     def shifted(self, c: Expr) -> Linear:
         return Linear(self.terms, _add(self.shift, c))
@@ -275,13 +278,17 @@ def evaluate(expr: Expr, vectors: dict[int, torch.Tensor], channels: int, device
     return a / b
 
 
+def constant_values(epi: ConvEpilogue, compute_dtype: str, device: torch.device) -> dict[int, torch.Tensor]:
+    """The per-channel generators (eps scalars), made once: a host-to-device copy cannot be captured."""
+    return {n.id: run_node(n, [], compute_dtype, device) for n in epi.constants}
+
+
 def fold(epi: ConvEpilogue, leaf_values: Sequence[torch.Tensor], compute_dtype: str,
-         device: torch.device) -> dict[str, torch.Tensor]:
+         device: torch.device, constants: dict[int, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The fp32 [C] vectors scale, shift and rscale (only those the epilogue has) from the per-channel
     inputs (in epi.leaves order): the per-channel nodes run through the reference executor."""
     env: dict[int, torch.Tensor] = {n.id: t for n, t in zip(epi.leaves, leaf_values, strict=True)}
-    for n in epi.constants:
-        env[n.id] = run_node(n, [], compute_dtype, device)
+    env.update(constants if constants is not None else constant_values(epi, compute_dtype, device))
     for n in epi.chan_nodes:
         env[n.id] = run_node(n, [env[i.id] for i in n.inputs], compute_dtype, device)
     vectors = {k: v.reshape(-1).float() for k, v in env.items()}
@@ -307,10 +314,12 @@ def rescaled(vectors: dict[str, torch.Tensor], channels: int) -> dict[str, torch
 NHWC = (0, 2, 3, 1)
 
 
-def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str) -> tuple[Any, dict[str, Any]]:
+def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str,
+                vector_dtype: str = "float32") -> tuple[Any, dict[str, Any]]:
     """Describe the plan to the frontend module `cudnn` (mode "direct": the residual scaled in the
-    graph; "rescaled": the residual added unscaled and the sum multiplied by its scale). Returns the
-    graph (not built) and its tensors by role: x, w, scale, shift, residual, rscale, y."""
+    graph; "rescaled": the residual added unscaled and the sum multiplied by its scale), per-channel
+    vectors in `vector_dtype`. Returns the graph (not built) and its tensors by role: x, w, scale,
+    shift, residual, rscale, y."""
     from ..ops.conv import conv_params
 
     node = epi.conv
@@ -327,7 +336,8 @@ def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str) -> tuple[
     c = epi.channels
 
     def vector(role: str) -> Any:
-        t[role] = graph.tensor(name=role, dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=fp32)
+        t[role] = graph.tensor(name=role, dim=[1, c, 1, 1], stride=[c, 1, c, c],
+                               data_type=fe._data_type(cudnn, vector_dtype))
         return t[role]
 
     y = graph.conv_fprop(image=t["x"], weight=t["w"], padding=list(padding), stride=list(stride),
@@ -362,8 +372,9 @@ class FusedConvLaunch:
 
     def __init__(self, epi: ConvEpilogue, plan: fe.FrontendPlan, tensors: dict[str, Any], mode: str,
                  positions: dict[int, int], out_strides: tuple[int, ...], compute_dtype: str,
-                 device: torch.device) -> None:
+                 device: torch.device, vector_dtype: str = "float32") -> None:
         self.epi, self.plan, self.tensors, self.mode = epi, plan, tensors, mode
+        self.vector_dtype = dtypes.to_torch(vector_dtype)
         node = epi.conv
         self.conv_at = [positions[i.id] for i in node.inputs[:2]]
         self.leaf_at = [positions[n.id] for n in epi.leaves]
@@ -375,6 +386,7 @@ class FusedConvLaunch:
         self.compute_dtype, self.device = compute_dtype, device
         # caching is safe only for values that are plan inputs or constants (not buffers other kernels rewrite)
         self.cacheable = all(n.op in ("input", "constant") for n in epi.leaves)
+        self.constants = constant_values(epi, compute_dtype, device)
         self._cache: tuple[list[tuple[Any, int]], dict[str, torch.Tensor]] | None = None
         self.folds = 0
 
@@ -387,11 +399,12 @@ class FusedConvLaunch:
                                                 for (ref, v), t in zip(keys, leaves, strict=True)):
                 return cached
         self.folds += 1
-        got = fold(self.epi, leaves, self.compute_dtype, args[0].device)
+        got = fold(self.epi, leaves, self.compute_dtype, args[0].device, self.constants)
         if self.mode == "rescaled" and "rscale" in got:
             got = rescaled(got, self.epi.channels)
         c = self.epi.channels   # [1, C, 1, 1] in the NHWC strides the graph declares
-        got = {k: v.contiguous().as_strided((1, c, 1, 1), (c, 1, c, c)) for k, v in got.items()}
+        got = {k: v.to(self.vector_dtype).contiguous().as_strided((1, c, 1, 1), (c, 1, c, c))
+               for k, v in got.items()}
         if self.cacheable and not capturing:
             self._cache = ([(weakref.ref(t), t._version) for t in leaves], got)
         return got
@@ -433,21 +446,24 @@ def candidate(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], out_
 
 def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...], compute_dtype: str,
           device: torch.device, name: str) -> FusedConvLaunch | None:
-    """Build the plan (the direct chain, then for a scaled residual the rescaled one); None when the
-    frontend rejects both (debug reason)."""
+    """Build the plan: the direct chain, then for a scaled residual the rescaled one, each with fp32
+    per-channel vectors, then with vectors in the convolution's dtype; the first the frontend builds
+    is the candidate. None when it rejects all (debug reason)."""
     cudnn = fe._load()[0]
     handle = fe._handle(cudnn, device)
     positions = {n.id: k for k, n in enumerate(inputs)}
-    modes = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
+    forms = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
     failures = []
-    for mode in modes:
-        try:
-            graph, tensors = build_graph(cudnn, handle, epi, mode)
-            fe._build(graph, cudnn)
-        except Exception as err:  # no engine for this graph here: try the next form
-            failures.append(f"{mode}: {type(err).__name__}: {str(err)[:200]}")
-            continue
-        plan = fe.FrontendPlan(cudnn, graph, handle, device)
-        return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device)
+    for vector_dtype in ("float32", epi.conv.dtype):
+        for mode in forms:
+            try:
+                graph, tensors = build_graph(cudnn, handle, epi, mode, vector_dtype)
+                fe._build(graph, cudnn)
+            except Exception as err:  # no engine for this graph here: try the next form
+                failures.append(f"{mode} {vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
+                continue
+            plan = fe.FrontendPlan(cudnn, graph, handle, device)
+            return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device,
+                                   vector_dtype)
     fe.debug(name, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures))
     return None
