@@ -115,7 +115,8 @@ LIBRARY_SOURCES = {
 def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGroup) -> str:
     """The kernel's source line for the chosen library candidate."""
     if isinstance(launch, cudnn_conv_epilogue.FusedConvLaunch):
-        act = f"{launch.epi.describe()} ({launch.mode} form; per-channel vectors folded per call, cached by version)"
+        act = (f"{launch.epi.describe()} ({launch.mode} form, {launch.vector_dtype} per-channel vectors folded per "
+               f"call, reused while their inputs are unchanged)")
     else:
         act = str(cudnn_frontend.conv_activation(group.epilogue_nodes))
     return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act)
