@@ -99,10 +99,10 @@ _register("tune_gemm_pair_floor_us", int, lambda: 2,
           "A launch-bound GEMM (floor under tune_min_floor_us) whose floor is at least this many microseconds "
           "(a weight-streaming decode GEMM) is timed between two candidates only: the first Triton config and "
           "cuBLAS (one compile); below it the first candidate is used untimed.")
-_register("recompute", bool, lambda: True,
+_register("recompute", bool, lambda: False,
           "Training graphs: split forward/backward with AOTAutograd's min-cut rematerialization partitioner "
-          "(recompute cheap pointwise chains in the backward instead of saving them); off: save every "
-          "intermediate the backward reads.")
+          "(recompute cheap pointwise chains in the backward instead of saving them; off by default: slower in "
+          "our plans on the H200 GPT-2 step); off: save every intermediate the backward reads.")
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import UnsupportedError
 from ..settings import override, settings
+from .causal_mask import rewrite_causal_masks
 from .torch_ops import native_ops
 from .torch_partition import GraphRecord, partition_graph, warn_fallback
 
@@ -51,17 +52,24 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 
 
 def partition_fn() -> Callable[..., Any]:
-    """How AOTAutograd splits a training graph into forward and backward: the min-cut
-    rematerialization partitioner (what Inductor uses), which saves few tensors for the backward and
-    recomputes cheap pointwise chains there instead (they fuse into the backward's kernels): e.g. the
-    backward of a cross-entropy over a [tokens, vocab] logit matrix recomputes its softmax from the
-    logits instead of saving an fp32 log-softmax of the same size. settings.recompute off: the default
-    partitioner (save every intermediate the backward reads)."""
+    """How AOTAutograd splits a training graph into forward and backward. Constant causal masks
+    become is_causal first (frontends/causal_mask.py), so they are not saved for the backward.
+    Then, by default, the default partitioner (save every intermediate the backward reads); with
+    settings.recompute the min-cut rematerialization partitioner (what Inductor uses), which saves
+    fewer tensors and recomputes cheap pointwise chains in the backward (e.g. a cross-entropy's
+    softmax over [tokens, vocab] logits instead of saving an fp32 log-softmax of that size). Not the
+    default: on the H200 the GPT-2 training step ran slower with it in our plans (50.5 vs 44.6 ms;
+    weight transposes and copies of the saved tensors outweighed the recompute savings)."""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-    if not settings.recompute:
-        return default_partition
-    return functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+    base: Callable[..., Any] = default_partition if not settings.recompute else \
+        functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+
+    def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
+        return base(joint_module, joint_inputs, **kwargs)
+
+    return partition
 
 
 def log(message: str) -> None:
@@ -180,6 +188,7 @@ class Session:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
             with unset_fake_temporarily(), self._build_settings():
+                rewrite_causal_masks(gm)
                 split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition,
                                                 static_input_indices(kind))
             self.report.graphs.append(record)
