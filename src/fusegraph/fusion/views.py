@@ -22,7 +22,8 @@ Run on the primitive graph just before partitioning (compiler.py, fused lowering
 
    An attention output read only through transpose(1, 2) (then usually reshape [B, T, H*D]) is
    laid out as [B, T, H, D] in memory (what torch's SDPA backends produce anyway), so the
-   transpose and the reshape feeding the output projection are free views. A pointwise result read
+   transpose and the reshape feeding the output projection are free views; likewise the
+   backward's dq / dk / dv (`attention_grad_layouts`). A pointwise result read
    only through permute -> regrouping reshape is stored permuted, so that reshape is a view too
    (`producer_relayouts`). An alias starting a non-multiple of 16 bytes into its base is a copy
    (generated kernels are compiled for aligned pointers).
@@ -253,6 +254,34 @@ def attention_out_layouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> d
     return out
 
 
+def attention_grad_layouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> dict[int, dict[int, tuple[int, ...]]]:
+    """sdpa_backward nodes whose dq / dk / dv (outputs 0, 1, 2) are each read only through
+    transpose(1, 2): node id -> {output index: strides laying it out as [B, T, H, D]}. That is the
+    layout torch's cuDNN / flash backward kernels return, and the transpose + reshape [B, T, H*D]
+    feeding the qkv weight gradient are then free views instead of two copies per gradient."""
+    users = graph.users()
+    out: dict[int, dict[int, tuple[int, ...]]] = {}
+    for node in graph.nodes:
+        if node.op != "sdpa_backward" or not node.multi_output:
+            continue
+        chosen: dict[int, tuple[int, ...]] = {}
+        for index in range(min(3, len(node.specs))):
+            spec = node.specs[index]
+            if spec.rank != 4 or spec.layout is not None or spec.strides is not None:
+                continue
+            picks = [u for u in users.get(node.id, []) if u.op == "getitem" and u.attrs["index"] == index]
+            if len(picks) != 1 or picks[0].id in wanted:
+                continue
+            readers = users.get(picks[0].id, [])
+            perms = [get_op(u.op).extra["view_params"](u.inputs[0].spec, u.attrs)["perm"]
+                     if get_op(u.op).extra.get("view") == "permute" else None for u in readers]
+            if readers and all(p == BTHD for p in perms):
+                chosen[index] = strides_for_order(spec.shape, BTHD)
+        if chosen:
+            out[node.id] = chosen
+    return out
+
+
 def producer_relayouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
     """Pointwise results stored in the order a permute + reshape after them reads (node id ->
     strides), so that the reshape, which regroups permuted dims (a copy otherwise), is a view: the
@@ -306,11 +335,14 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
     refused: set[int] = set()
     offsets: dict[int, int] = {}               # element offset of an alias from its base tensor
     strides.update(producer_relayouts(graph, wanted))
+    grads = attention_grad_layouts(graph, wanted)
     for node in graph.nodes:
         if node.id in layouts:
             strides[node.id] = layouts[node.id]
         elif node.op == "getitem" and node.inputs[0].id in layouts and node.attrs["index"] == 0:
             strides[node.id] = layouts[node.inputs[0].id]
+        elif node.op == "getitem" and node.attrs["index"] in grads.get(node.inputs[0].id, {}):
+            strides[node.id] = grads[node.inputs[0].id][node.attrs["index"]]
 
     def viewable(node: Node) -> bool:
         return get_op(node.op).has(VIEW) and len(node.inputs) == 1 and not node.inputs[0].multi_output \
@@ -387,18 +419,21 @@ def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = Non
     wanted = output_layouts(graph, output_strides)
     layouts = attention_out_layouts(graph, wanted)
     aliases = view_aliases(graph, wanted)
+    grads = attention_grad_layouts(graph, wanted)
     new_specs: dict[int, tuple[int, ...]] = dict(producer_relayouts(graph, wanted))
     for node in graph.nodes:
         if node.id in layouts:
             new_specs[node.id] = layouts[node.id]
         elif node.op == "getitem" and node.inputs[0].id in layouts and node.attrs["index"] == 0:
             new_specs[node.id] = layouts[node.inputs[0].id]
+        elif node.op == "getitem" and node.attrs["index"] in grads.get(node.inputs[0].id, {}):
+            new_specs[node.id] = grads[node.inputs[0].id][node.attrs["index"]]
         elif node.id in aliases:
             new_specs[node.id] = aliases[node.id][0]
         elif node.id in wanted and get_op(node.op).has(VIEW) and \
                 not _same_strides(node.shape, wanted[node.id], node.spec.memory_strides):
             new_specs[node.id] = wanted[node.id]     # a copied view output, written in that layout
-    if not new_specs:
+    if not new_specs and not grads:
         return graph
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
@@ -409,6 +444,9 @@ def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = Non
         specs = node.specs
         if node.id in new_specs:
             specs = (with_strides(specs[0], new_specs[node.id]), *specs[1:])
+        elif node.id in grads:
+            specs = tuple(with_strides(spec, grads[node.id][k]) if k in grads[node.id] else spec
+                          for k, spec in enumerate(specs))
         changed = specs is not node.specs or any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         mapping[node.id] = node.replace(inputs=inputs, specs=specs) if changed else node
     return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
