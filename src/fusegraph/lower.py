@@ -159,9 +159,20 @@ def reference_launch(group: KernelGroup, compute_dtype: str) -> Any:
             if not n.inputs and device is not None:   # generators (iota) are made on the CPU
                 value = value.to(device)
             env[n.id] = value
-        return [env[o.id].contiguous() for o in outputs]
+        return [in_spec_strides(env[o.id], o) for o in outputs]
 
     return launch
+
+
+def in_spec_strides(value: torch.Tensor, node: Node) -> torch.Tensor:
+    """`value` in the memory strides of `node`'s spec (what the generated kernels reading it assume:
+    NHWC, a padded row of passes/pad_align.py, row-major otherwise); copied only when they differ."""
+    want = node.spec.memory_strides
+    if value.dim() != len(want) or tuple(value.shape) != tuple(node.shape):
+        return value.contiguous()
+    if all(g == w for g, w, size in zip(value.stride(), want, value.shape, strict=True) if size > 1):
+        return value
+    return torch.empty_strided(value.shape, want, dtype=value.dtype, device=value.device).copy_(value)
 
 
 def row_column_kernels(pair: RowColumnGroup, name: str, compute_dtype: str, device: str,

@@ -16,6 +16,7 @@ from .cse import cse
 from .dce import dce
 from .fold import fold
 from .layout import fold_batchnorm
+from .pad_align import pad_align
 from .simplify import simplify
 
 PIPELINE: list[Pass] = [
@@ -25,6 +26,7 @@ PIPELINE: list[Pass] = [
     fold,       # evaluate what is known at build time
     cse,        # merge structurally equal nodes
     dce,        # drop what no output needs
+    pad_align,  # misaligned GEMM operands/results get padded row strides (16/128-byte aligned)
 ]
 
 MAX_ROUNDS = 4
