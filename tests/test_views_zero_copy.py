@@ -82,10 +82,43 @@ def test_block_training_gradients_match_eager() -> None:
     assert sum(k.endswith("matmul+add+add") for k in fwd) == 2, fwd
     assert len(layout_only(fwd)) <= 4, fwd
     assert len(fwd) <= 11, fwd
-    # the backward's dq/dk/dv are laid out [B, T, H, D] (attention_grad_layouts), so their transpose +
-    # reshape into the qkv weight gradient are views: no library reshape copies after the attention
-    bwd = kernels["backward"]
-    assert not [k for k in bwd if k.startswith("library/") and k.endswith(": reshape")], bwd
+
+
+class SplitHeadsAttention(torch.nn.Module):
+    """GPT-2's attention layout: one qkv projection split into q, k, v, each viewed [B, T, H, D] and
+    transposed to [B, H, T, D]; the backward concatenates dq, dk, dv back for the qkv weight gradient."""
+
+    def __init__(self, d: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(d, 3 * d), heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+
+
+def test_attention_gradients_feed_the_qkv_gradient_as_views() -> None:
+    """dq/dk/dv are laid out [B, T, H, D] (views.attention_grad_layouts), so their transpose + reshape
+    into the concatenated qkv gradient are views: no library reshape copies after the attention."""
+    torch.manual_seed(0)
+    model = SplitHeadsAttention()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    grad = torch.randn(2, 8, 32)
+    torch._dynamo.reset()
+    compiled = fg.compile(model)
+    out = compiled(x)
+    out.backward(grad)
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    model(x).backward(grad)
+    for g, w in zip(got, [p.grad for p in model.parameters()] + [x.grad], strict=True):
+        assert_close(g, w, tol=1e-4)
+    bwd = kernel_lists(compiled)["backward"]
+    assert any(k.startswith("attention/") for k in bwd), bwd
+    assert not [k for k in bwd if k.endswith(": reshape")], bwd
 
 
 def _views(plan: object) -> list[str]:
