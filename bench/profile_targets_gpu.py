@@ -105,7 +105,10 @@ def gpt2_train(rows: int, batch: int) -> None:
     ids = torch.randint(0, 50257, (batch, 1024), device="cuda")
     targets = torch.randint(0, 50257, (batch, 1024), device="cuda")
     print(f"\n== GPT-2 train step batch {batch}x1024, autocast bf16, fused AdamW")
-    for name, compile_fn in (("torch.compile", torch.compile), ("fusegraph", fg.compile)):
+    impls: list[tuple[str, Callable[[Any], Any]]] = [
+        ("torch.compile", torch.compile), ("fusegraph", fg.compile),
+        ("fusegraph reduce-overhead", lambda m: fg.compile(m, mode="reduce-overhead"))]
+    for name, compile_fn in impls:
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         step = T.TrainStep(model, compile_fn(model), ids, targets, torch.bfloat16)
