@@ -232,3 +232,65 @@ def test_cross_entropy_head_gradient_padded() -> None:
     want = list(fg.reference(g).execute(dict(zip([h, w, y, gloss], data, strict=True))).values())
     for got, ref in zip(plan(*data), want, strict=True):
         assert_close(got.float(), ref.float(), tol=5e-3)
+
+
+def test_matmul_result_returned_through_a_view_stays_dense() -> None:
+    # the forward's logits: a reshape of the GEMM result is a graph output, a free alias of a dense
+    # result; padding the result would turn that alias into a copy
+    g = fg.Graph(name="logits_view_out", compute_dtype="float32")
+    h = g.tensor((M, K), dtype="float16", name="h")
+    w = g.tensor((1001, K), dtype="float16", name="w")
+    logits = g.matmul(h, w, transpose_b=True, name="logits")
+    g.reshape(logits, 4, M // 4, 1001).set_output()
+    g.matmul(g.softmax(logits, -1), w, name="back").set_output()
+    plan = g.build(device="cpu")
+    assert row_stride(gemms(plan.graph)["logits"]) == 1001
+    assert row_stride(gemms(plan.graph)["back"].inputs[0]) == 1008    # the softmax is padded
+    assert [k.kind for k in plan.kernels].count("pointwise") == 0, [k.name for k in plan.kernels]
+
+
+def test_torch_training_lm_head_gradient_padded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # through torch.compile (AOTAutograd): the backward's [tokens, vocab] gradient feeding the two
+    # GEMMs is padded inside the plan; the returned logits and all gradients match eager
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from fusegraph.runtime import plan as plan_module
+
+    plans: list[object] = []
+    original = plan_module.Plan.__init__
+
+    def record(self: object, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)   # type: ignore[arg-type]
+        plans.append(self)
+
+    monkeypatch.setattr(plan_module.Plan, "__init__", record)
+    vocab, dim = 1001, 32
+
+    class TinyHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(torch.tanh(self.emb(idx)))
+            return F.cross_entropy(logits.float().view(-1, vocab), target.view(-1)), logits
+
+    torch.manual_seed(0)
+    model = TinyHead().half()
+    eager = TinyHead().half()
+    eager.load_state_dict(model.state_dict())
+    idx, target = torch.randint(0, vocab, (4, 16)), torch.randint(0, vocab, (4, 16))
+    loss, logits = fg.compile(model)(idx, target)
+    loss.backward()
+    ref_loss, ref_logits = eager(idx, target)
+    ref_loss.backward()
+    assert_close(loss.detach().float(), ref_loss.detach().float(), tol=5e-3)
+    assert logits.stride() == ref_logits.stride()
+    assert_close(logits.detach().float(), ref_logits.detach().float(), tol=5e-3)
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        assert_close(p.grad.float(), q.grad.float(), tol=5e-3, what=name)
+    backward = [p for p in plans if "backward" in p.graph.name]   # type: ignore[attr-defined]
+    operands = [i for p in backward for n in p.graph.nodes if n.op == "matmul"  # type: ignore[attr-defined]
+                for i in n.inputs if i.shape[-1] == vocab and i.op != "input"]   # not W^T
+    assert operands and all(row_stride(i) == 1008 for i in operands), [i.spec for i in operands]

@@ -142,15 +142,18 @@ def _writes_own_layout(node: Node) -> bool:
     return is_gemm(node) or (fusable(node) and not get_op(node.op).has(VIEW))
 
 
-def _reader_accepts(reader: Node, users: dict[int, list[Node]], depth: int = 0) -> bool:
-    """Does `reader` read any strides correctly? Generated kernels and GEMMs index through the spec,
-    library ops run by torch take any tensor; attention and convolution backends are left alone."""
+def _reader_accepts(reader: Node, users: dict[int, list[Node]], outputs: set[int], depth: int = 0) -> bool:
+    """Does `reader` read a padded value as well as a dense one? Generated kernels and GEMMs index
+    through the spec, library ops run by torch take any tensor; attention and convolution backends
+    are left alone, and so is a view that is a graph output (a free alias of a dense value, a copy
+    of a padded one: the forward's logits, returned reshaped)."""
     from ..fusion.partition import fusable
 
     if is_gemm(reader) or (fusable(reader) and not get_op(reader.op).has(VIEW)):
         return True
     if get_op(reader.op).has(VIEW):   # an alias (its readers decide) or a generated copy
-        return depth < 8 and all(_reader_accepts(u, users, depth + 1) for u in users.get(reader.id, []))
+        return depth < 8 and reader.id not in outputs and \
+            all(_reader_accepts(u, users, outputs, depth + 1) for u in users.get(reader.id, []))
     return get_op(reader.op).extra.get("kernel_kind") is None
 
 
@@ -159,8 +162,8 @@ def _copyable(value: Node) -> bool:
     return value.op == "input" or not (get_op(value.op).has(SOURCE) or value.multi_output or value.op == "getitem")
 
 
-def _readers_accept(value: Node, users: dict[int, list[Node]]) -> bool:
-    return all(_reader_accepts(u, users) for u in users.get(value.id, []))
+def _readers_accept(value: Node, users: dict[int, list[Node]], outputs: set[int]) -> bool:
+    return all(_reader_accepts(u, users, outputs) for u in users.get(value.id, []))
 
 
 def _epilogue_values(gemm: Node, users: dict[int, list[Node]]) -> list[Node]:
@@ -217,16 +220,16 @@ def pad_align_graph(graph: Graph, device: Any = None, min_copy_bytes: int | None
             if strides is None or base.id in outputs or not chain_folds(chain, strides):
                 continue
             if _writes_own_layout(base):
-                if _readers_accept(base, users):
+                if _readers_accept(base, users, outputs):
                     pads[base.id] = strides
-            elif _copyable(base) and (not chain or _reader_accepts(chain[-1], users)):
+            elif _copyable(base) and (not chain or _reader_accepts(chain[-1], users, outputs)):
                 cand = copies.setdefault(base.id, _CopyCandidate(base, strides))
                 cand.readers.add((chain[-1] if chain else gemm).id)
                 device = device or _default_device()
                 cand.floor_s += _gemm_floor_s(gemm, device)
         for value in _epilogue_values(gemm, users):
             strides = padded_strides(value.spec)
-            if strides is not None and value.id not in outputs and _readers_accept(value, users):
+            if strides is not None and value.id not in outputs and _readers_accept(value, users, outputs):
                 pads[value.id] = strides
     if copies:
         bandwidth = (device or _default_device()).bandwidth
