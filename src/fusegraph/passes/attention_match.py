@@ -135,3 +135,70 @@ def attention_match(graph: Graph) -> Graph:
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         mapping[node.id] = node.replace(inputs=inputs) if changed else node
     return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
+
+
+# ---- grouped-query attention: k/v repeated per query group, fed to attention as their kv heads ----
+
+def repeat_source(node: Node) -> tuple[Node, int, tuple[int, int, int, int]] | None:
+    """(src, groups, (B, Hk, S, D)) when `node` is a [B, Hk, S, D] value repeated `groups` times per
+    head into [B, Hk*groups, S, D] (repeat_interleave on dim 1, or Hugging Face's repeat_kv:
+    reshape(expand(unsqueeze(x, 2)))); `src` holds that value in any shape of the same elements in
+    the same order (the unsqueeze may be folded into an earlier reshape). Else None."""
+    if node.op != "reshape" or node.spec.rank != 4:
+        return None
+    expanded = node.inputs[0]
+    if expanded.op != "expand" or expanded.spec.rank != 5:
+        return None
+    unsqueezed = expanded.inputs[0]
+    b, hk, groups, s, d = expanded.shape
+    if unsqueezed.op != "reshape" or unsqueezed.shape != (b, hk, 1, s, d) or node.shape != (b, hk * groups, s, d):
+        return None
+    src = unsqueezed.inputs[0]
+    return (src, groups, (b, hk, s, d)) if groups > 1 and src.spec.numel == b * hk * s * d else None
+
+
+@graph_pass("gqa_match")
+def gqa_match(graph: Graph) -> Graph:
+    """Attention whose k and v are both their kv heads repeated per query group takes the kv heads
+    directly (enable_gqa: query head h reads kv head h // groups, which is what the repeat built):
+    no [B, H, S, D] copies of k and v (a decode step's whole KV cache, each step). Forward attention
+    only: a backward's dk/dv have the repeated shape the graph expects."""
+    Repeat = tuple[Node, int, tuple[int, int, int, int]]
+    rewrites: dict[int, tuple[Repeat, Repeat]] = {}
+    for node in graph.nodes:
+        if node.op != "scaled_dot_product_attention":
+            continue
+        k, v = repeat_source(node.inputs[1]), repeat_source(node.inputs[2])
+        if k is None or v is None or k[1] != v[1] or k[2][:2] != v[2][:2]:
+            continue
+        rewrites[node.id] = (k, v)
+    if not rewrites:
+        return graph
+    from .simplify import rebuild
+
+    def kv_heads(like: Node, repeat: Repeat) -> Node | None:
+        src, _, shape = repeat
+        src = mapping[src.id]
+        if src.shape == shape:
+            return src
+        made = rebuild(like, "reshape", [src], shape=shape)
+        return None if made is None else made.replace(name=f"{like.name}.kv_heads")
+
+    mapping: dict[int, Node] = {}
+    for node in graph.nodes:
+        if node.op == "input":
+            mapping[node.id] = node
+            continue
+        inputs = [mapping[i.id] for i in node.inputs]
+        if node.id in rewrites:
+            k, v = (kv_heads(i, r) for i, r in zip(node.inputs[1:3], rewrites[node.id], strict=True))
+            made = None if k is None or v is None else \
+                rebuild(node, node.op, [inputs[0], k, v, *inputs[3:]], **dict(node.attrs, enable_gqa=True))
+            if isinstance(made, tuple):         # a multi-output node (return_lse): its getitems are remapped
+                made = made[0].inputs[0]
+            if made is not None:
+                mapping[node.id] = made.replace(name=node.name)
+                continue
+        changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
+        mapping[node.id] = node.replace(inputs=tuple(inputs)) if changed else node
+    return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))

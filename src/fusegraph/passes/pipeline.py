@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 from ..settings import settings
-from .attention_match import attention_match
+from .attention_match import attention_match, gqa_match
 from .base import Pass
 from .cse import cse
 from .dce import dce
@@ -22,6 +22,7 @@ from .simplify import simplify
 PIPELINE: list[Pass] = [
     simplify,   # algebraic identities, cast/layout chains (may leave dead nodes behind)
     attention_match,  # matmul -> scale -> (mask) -> softmax -> matmul becomes one attention op
+    gqa_match,  # k/v repeated per query group (repeat_kv) feed attention as their kv heads (enable_gqa)
     fold_batchnorm,   # inference batchnorm with constant parameters folded into conv weights
     fold,       # evaluate what is known at build time
     cse,        # merge structurally equal nodes
