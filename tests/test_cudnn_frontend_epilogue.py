@@ -292,9 +292,19 @@ def test_the_graph_we_describe_computes_the_block(monkeypatch: pytest.MonkeyPatc
     # the per-channel vectors are folded once and reused while the inputs are unchanged ...
     launch(args)
     assert launch.folds == 1
-    # ... and refolded after an in-place change of a BatchNorm tensor (the version counter moves)
+    # an alias of the same memory (what a wrapper's detach() passes) shares the version: still reused
+    aliased = list(args)
+    aliased[launch.leaf_at[0]] = args[launch.leaf_at[0]].detach()
+    launch(aliased)
+    assert launch.folds == 1
+    # ... refolded after an in-place change of a BatchNorm tensor (the version counter moves)
     leaf = args[launch.leaf_at[-1]]
     leaf.add_(0.5)
     (changed,) = launch(args)
     assert launch.folds == 2
     assert_close(changed, plain.launch(args)[0], tol=2e-3, what="after an in-place BN update")
+    # ... and for another tensor with other values (new memory)
+    args[launch.leaf_at[0]] = args[launch.leaf_at[0]].clone() + 0.25
+    (again,) = launch(args)
+    assert launch.folds == 3
+    assert_close(again, plain.launch(args)[0], tol=2e-3, what="with another BN tensor")

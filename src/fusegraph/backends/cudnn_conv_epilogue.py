@@ -21,14 +21,15 @@ chain conv -> mul(scale/r) -> add(shift/r) -> add(residual) -> mul(r) -> act is 
 residual's scale (|r| < 1e-20 replaced by 1e-20: the residual's term is then negligible, as it is).
 
 The per-channel vectors are folded per call (a few ops on 2 x C elements) and reused while every
-per-channel plan input is the same tensor object at the same version (torch bumps the version on
-in-place writes); inside a CUDA graph capture they are always recomputed (the replay recomputes).
+per-channel input is a plan input or constant still backed by the same memory (the cache holds the
+tensor, so that memory is not reused) at the same version (torch bumps the version counter, shared
+by aliases like detach(), on in-place writes; writes through `.data` are not seen). Inside a CUDA
+graph capture they are always recomputed, so each replay refolds (an in-place update is seen).
 Anything else in the epilogue: not offered, with the reason under FUSEGRAPH_DEBUG.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -366,6 +367,14 @@ def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str,
     return graph, t
 
 
+def _same_unchanged(t: torch.Tensor, held: torch.Tensor, version: int) -> bool:
+    """Is `t` the memory of `held` (held alive by the cache, so no other tensor can be allocated
+    there: the same tensor, or an alias such as t.detach(), which shares its version counter), not
+    written in place since the fold?"""
+    return (t.data_ptr() == held.data_ptr() and t._version == version and t.shape == held.shape
+            and t.stride() == held.stride() and t.dtype == held.dtype)
+
+
 class FusedConvLaunch:
     """The launch of a built plan: args in the ConvGroup's input order -> [result in out_strides].
     `folds` counts how often the per-channel vectors were (re)computed."""
@@ -394,9 +403,9 @@ class FusedConvLaunch:
         leaves = [args[k] for k in self.leaf_at]
         capturing = args[0].is_cuda and torch.cuda.is_current_stream_capturing()
         if self.cacheable and not capturing and self._cache is not None:
-            keys, cached = self._cache
-            if len(keys) == len(leaves) and all(ref() is t and t._version == v
-                                                for (ref, v), t in zip(keys, leaves, strict=True)):
+            held, cached = self._cache
+            if len(held) == len(leaves) and all(_same_unchanged(t, h, v)
+                                                for (h, v), t in zip(held, leaves, strict=True)):
                 return cached
         self.folds += 1
         got = fold(self.epi, leaves, self.compute_dtype, args[0].device, self.constants)
@@ -406,7 +415,7 @@ class FusedConvLaunch:
         got = {k: v.to(self.vector_dtype).contiguous().as_strided((1, c, 1, 1), (c, 1, c, c))
                for k, v in got.items()}
         if self.cacheable and not capturing:
-            self._cache = ([(weakref.ref(t), t._version) for t in leaves], got)
+            self._cache = ([(t, t._version) for t in leaves], got)
         return got
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
