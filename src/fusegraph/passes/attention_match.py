@@ -191,9 +191,9 @@ def gqa_match(graph: Graph) -> Graph:
             continue
         inputs = [mapping[i.id] for i in node.inputs]
         if node.id in rewrites:
-            k, v = (kv_heads(i, r) for i, r in zip(node.inputs[1:3], rewrites[node.id], strict=True))
-            made = None if k is None or v is None else \
-                rebuild(node, node.op, [inputs[0], k, v, *inputs[3:]], **dict(node.attrs, enable_gqa=True))
+            k_heads, v_heads = (kv_heads(i, r) for i, r in zip(node.inputs[1:3], rewrites[node.id], strict=True))
+            made = None if k_heads is None or v_heads is None else \
+                rebuild(node, node.op, [inputs[0], k_heads, v_heads, *inputs[3:]], **dict(node.attrs, enable_gqa=True))
             if isinstance(made, tuple):         # a multi-output node (return_lse): its getitems are remapped
                 made = made[0].inputs[0]
             if made is not None:
