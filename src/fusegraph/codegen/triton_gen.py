@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, range_mask
+from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, pad_expr, range_mask
 from ..fusion.partition import Entry, KernelGroup
 from ..ir import dtypes
 from ..ir.node import Node
@@ -120,6 +120,9 @@ class _Writer:
             self.emit(f"{entry.key} = tl.math.exp2({a} * {LOG2E} - {m} * {LOG2E})", indent)
         elif entry.node.op == "concat":   # the segment's input, by the output index (index_map)
             expr = concat_expr(entry.node, entry.emb, [self.expr[a] for a in entry.args], dimvar)
+            self.emit(f"{entry.key} = {expr}", indent)
+        elif entry.node.op == "pad":      # the pad value outside the input (index_map)
+            expr = pad_expr(entry.node, entry.emb, self.expr[entry.args[0]], self.domain.shape, dimvar)
             self.emit(f"{entry.key} = {expr}", indent)
         else:
             args = [self.expr[a] for a in entry.args]
@@ -231,7 +234,7 @@ class _PointwiseWriter(_Writer):
         order = self._iteration_order()
         index_lines, dimvar = _index_vars(shape, order, "offs", "i")
         contiguous = strides_for_order(shape, order)
-        needs_index = any(e.kind == "gen" or e.node.op == "concat" for e in self.group.entries)
+        needs_index = any(e.kind == "gen" or e.node.op in ("concat", "pad") for e in self.group.entries)
         for e in self.group.entries:
             if e.kind == "load" and not self._linear(e, contiguous):
                 needs_index = True

@@ -15,8 +15,10 @@ and what feeds it (RoPE's rotate-half, chunk -> silu(a) * b, ...).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
 
@@ -60,23 +62,31 @@ def index_expr(e: int | Affine, dimvar: dict[int, str]) -> str:
     return f"({term} + {e.offset})" if e.offset > 0 else f"({term} - {-e.offset})"
 
 
+def bounds_conditions(entry: int | Affine, size: int, domain_shape: tuple[int, ...],
+                      dimvar: dict[int, str]) -> list[str]:
+    """Conditions keeping the index `entry` in [0, size) wherever it can leave it over the domain."""
+    e = entry if isinstance(entry, Affine) else Affine(entry)
+    n = domain_shape[e.dim] if e.dim is not None else 1
+    ends = (e.offset, e.offset + e.step * (n - 1))
+    idx = index_expr(e, dimvar)
+    conds = []
+    if min(ends) < 0:
+        conds.append(f"({idx} >= 0)")
+    if max(ends) >= size:
+        conds.append(f"({idx} < {size})")
+    return conds
+
+
 def range_mask(node: Node, emb: tuple[int | Affine | None, ...], domain_shape: tuple[int, ...],
                dimvar: dict[int, str]) -> str:
     """Conditions (joined by &, '' if none) keeping the indices of a load of `node` inside the
     tensor wherever they can leave it over the domain (a concat's first input is read at the plain
-    domain index, past its own end)."""
+    domain index, past its own end; a padded input in the padding)."""
     conds = []
     for k, entry in enumerate(emb):
         if entry is None or node.shape[k] == 1:
             continue
-        e = entry if isinstance(entry, Affine) else Affine(entry)
-        n = domain_shape[e.dim] if e.dim is not None else 1
-        ends = (e.offset, e.offset + e.step * (n - 1))
-        idx = index_expr(e, dimvar)
-        if min(ends) < 0:
-            conds.append(f"({idx} >= 0)")
-        if max(ends) >= node.shape[k]:
-            conds.append(f"({idx} < {node.shape[k]})")
+        conds += bounds_conditions(entry, node.shape[k], domain_shape, dimvar)
     return " & ".join(conds)
 
 
@@ -140,3 +150,61 @@ def concat_expr(node: Node, emb: tuple[int | Affine | None, ...], args: list[str
     for (_, _, off), arg in zip(reversed(parts[1:]), reversed(args[:-1]), strict=True):
         expr = f"tl.where({idx} < {off}, {arg}, {expr})"
     return expr
+
+
+# ---- pad (constant mode) ----
+
+def pad_before(node: Node) -> dict[int, int]:
+    """Padded dim -> elements added before it (negative: cropped), from F.pad's last-dim-first pairs."""
+    pad = tuple(int(p) for p in node.attrs["pad"])
+    rank = len(node.shape)
+    return {rank - 1 - k: pad[2 * k] for k in range(len(pad) // 2) if (pad[2 * k], pad[2 * k + 1]) != (0, 0)}
+
+
+def pad_fusable(node: Node) -> bool:
+    """Generated as a select of a shifted, range-masked load: a float or integer value of the
+    input's dtype (integers padded with an integral value), no empty input."""
+    x = node.inputs[0]
+    value = float(node.attrs.get("value", 0.0))
+    if node.spec.rank == 0 or x.dtype != node.dtype or 0 in x.shape or 0 in node.shape:
+        return False
+    if dtypes.is_float(node.dtype):
+        return True
+    return node.dtype != "bool" and math.isfinite(value) and value == int(value)
+
+
+def pad_input_embedding(node: Node, emb: tuple[int | Affine | None, ...]) -> tuple[int | Affine | None, ...]:
+    """The input of a pad read at `i - before` along each padded dim (a size-1 input dim at 0: the
+    padding around it is selected by pad_expr on the output index)."""
+    x = node.inputs[0]
+    out = list(emb)
+    for dim, before in pad_before(node).items():
+        out[dim] = None if x.shape[dim] == 1 else shifted(emb[dim], -before)
+    return tuple(out)
+
+
+def pad_value_literal(node: Node) -> str:
+    """The pad value as a Triton literal, rounded to the node's dtype as torch's F.pad stores it."""
+    import torch
+
+    value = float(node.attrs.get("value", 0.0))
+    if not dtypes.is_float(node.dtype):
+        return str(int(value))
+    rounded = float(torch.tensor(value, dtype=getattr(torch, node.dtype)).item())
+    return f"float('{rounded}')" if not math.isfinite(rounded) else repr(rounded)
+
+
+def pad_expr(node: Node, emb: tuple[int | Affine | None, ...], arg: str, domain_shape: tuple[int, ...],
+             dimvar: dict[int, str]) -> str:
+    """tl.where(the input index is inside the input, the input's value, the pad value): the padding
+    is never loaded (the input's loads are masked by range_mask there)."""
+    x = node.inputs[0]
+    conds: list[str] = []
+    for dim, before in pad_before(node).items():
+        index = shifted(emb[dim], -before)
+        if index is None:      # a size-1 output dim read at input index 0
+            continue
+        conds += bounds_conditions(index, x.shape[dim], domain_shape, dimvar)
+    if not conds:
+        return arg
+    return f"tl.where({' & '.join(conds)}, {arg}, {pad_value_literal(node)})"

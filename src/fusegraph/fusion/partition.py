@@ -23,7 +23,16 @@ from ..ir import dtypes
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import POINTWISE, REDUCTION, SOURCE, VIEW, get_op
-from .index_map import Affine, concat_fusable, concat_input_embedding, concat_parts, domain_dim, slice_input_embedding
+from .index_map import (
+    Affine,
+    concat_fusable,
+    concat_input_embedding,
+    concat_parts,
+    domain_dim,
+    pad_fusable,
+    pad_input_embedding,
+    slice_input_embedding,
+)
 
 Embedding = tuple["int | Affine | None", ...]   # Affine: a slice or concat input (index_map)
 COMBINES = ("sum", "max", "min")
@@ -134,6 +143,8 @@ def fusable(node: Node) -> bool:
         return False
     if node.op == "concat":   # selects of shifted loads (index_map)
         return concat_fusable(node)
+    if node.op == "pad":      # a select of a shifted, range-masked load (index_map)
+        return pad_fusable(node)
     if opdef.has(REDUCTION):
         return opdef.extra.get("combine") in COMBINES and (dtypes.is_float(node.dtype) or is_unit_reduction(node))
     if node.op == "cast":
@@ -282,6 +293,9 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
             args = [visit(x, concat_input_embedding(node, emb, k)) for k, x, _ in concat_parts(node)]
             entry = Entry("", node, emb, "op", tuple(a.key for a in args), stage=max(a.stage for a in args),
                           full=any(a.full for a in args) or _is_full(emb, domain))
+        elif node.op == "pad":      # the input read at i - before, the padding selected (index_map)
+            arg = visit(node.inputs[0], pad_input_embedding(node, emb))
+            entry = Entry("", node, emb, "op", (arg.key,), stage=arg.stage, full=arg.full or _is_full(emb, domain))
         else:
             args = [visit(i, input_embedding(node.shape, emb, i.shape)) for i in node.inputs]
             stage = max((a.stage for a in args), default=0)
