@@ -6,6 +6,7 @@ stand-in `cudnn` module whose graph records the ops and executes them with torch
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any
 
@@ -308,3 +309,35 @@ def test_the_graph_we_describe_computes_the_block(monkeypatch: pytest.MonkeyPatc
     (again,) = launch(args)
     assert launch.folds == 3
     assert_close(again, plain.launch(args)[0], tol=2e-3, what="with another BN tensor")
+
+
+class _RankedPlans:
+    """A graph with three execution plans: 0 slow, 1 fast, 2 fails to build."""
+
+    def __init__(self) -> None:
+        self.selected = 0
+        self.built: list[int] = []
+
+    def get_execution_plan_count(self) -> int:
+        return 3
+
+    def build_plan_at_index(self, index: int) -> None:
+        if index == 2:
+            raise RuntimeError("cudnnGraphNotSupportedError: engine 2 does not build")
+        self.selected = index
+        self.built.append(index)
+
+    def get_workspace_size(self) -> int:
+        return 16
+
+    def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
+        if self.selected == 0:
+            time.sleep(0.002)
+
+
+def test_the_fastest_cudnn_plan_is_selected(capsys: pytest.CaptureFixture[str]) -> None:
+    graph = _RankedPlans()
+    with override(debug=1):
+        cce.pick_fastest_plan(graph, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k")
+    assert graph.selected == 1 and graph.built[-1] == 1
+    assert "using plan 1" in capsys.readouterr().out

@@ -40,6 +40,7 @@ from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.spec import strides_for_order
 from ..reference import run_node
+from ..settings import settings
 from . import cudnn_frontend as fe
 
 # a per-channel expression: ("leaf", node id) | ("const", value) | (op, a, b) for mul/add/sub/div | ("neg", a)
@@ -468,11 +469,93 @@ def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...
             try:
                 graph, tensors = build_graph(cudnn, handle, epi, mode, vector_dtype)
                 fe._build(graph, cudnn)
+                if device.type == "cuda" and settings.autotune:
+                    _time_plans(graph, cudnn, handle, epi, tensors, vector_dtype, device, name)
+                plan = fe.FrontendPlan(cudnn, graph, handle, device)
             except Exception as err:  # no engine for this graph here: try the next form
                 failures.append(f"{mode} {vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
                 continue
-            plan = fe.FrontendPlan(cudnn, graph, handle, device)
             return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device,
                                    vector_dtype)
     fe.debug(name, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures))
     return None
+
+
+MAX_PLANS = 8   # engine configurations timed per graph
+
+
+def _time_plans(graph: Any, cudnn: Any, handle: Any, epi: ConvEpilogue, tensors: dict[str, Any], vector_dtype: str,
+                device: torch.device, name: str) -> None:
+    """pick_fastest_plan on random operands; if that fails, the heuristics' plan again (raises only
+    when that cannot be rebuilt)."""
+    try:
+        pick_fastest_plan(graph, cudnn, handle, example_bindings(epi, tensors, vector_dtype, device), name)
+    except Exception as err:  # timing is an optimization: keep the heuristics' plan
+        fe.debug(name, f"plan timing failed ({type(err).__name__}: {str(err)[:160]}); heuristics' plan kept")
+        graph.build_plans()
+
+
+def example_bindings(epi: ConvEpilogue, tensors: dict[str, Any], vector_dtype: str,
+                     device: torch.device) -> dict[Any, torch.Tensor]:
+    """Random operands for every graph tensor (per-channel vectors around 1, NHWC full tensors)."""
+    cl = torch.channels_last
+    conv_dtype = dtypes.to_torch(epi.conv.dtype)
+    x_shape, w_shape = epi.conv.inputs[0].spec.shape, epi.conv.inputs[1].spec.shape
+    fan_in = max(1, w_shape[1] * w_shape[2] * w_shape[3])
+    c = epi.channels
+    out: dict[Any, torch.Tensor] = {
+        tensors["x"]: torch.randn(x_shape, device=device, dtype=conv_dtype).contiguous(memory_format=cl),
+        tensors["w"]: (torch.randn(w_shape, device=device) / fan_in ** 0.5).to(conv_dtype).contiguous(memory_format=cl),
+        tensors["y"]: torch.empty_strided(epi.out.spec.shape, strides_for_order(epi.out.spec.shape, NHWC),
+                                          dtype=dtypes.to_torch(epi.out.dtype), device=device)}
+    for role in ("scale", "shift", "rscale"):
+        if role in tensors:
+            v = (torch.rand(c, device=device) + 0.5).to(dtypes.to_torch(vector_dtype))
+            out[tensors[role]] = v.as_strided((1, c, 1, 1), (c, 1, c, c))
+    if epi.residual is not None:
+        out[tensors["residual"]] = torch.randn(epi.residual.spec.shape, device=device,
+                                               dtype=dtypes.to_torch(epi.residual.dtype)).contiguous(memory_format=cl)
+    return out
+
+
+def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, torch.Tensor], name: str) -> None:
+    """cuDNN's heuristics rank runtime-fusion engines poorly at times: build each of the first
+    MAX_PLANS execution plans, time it on `bindings`, and leave the fastest selected (the first one
+    stays selected when timing fails; the reason under FUSEGRAPH_DEBUG)."""
+    from ..tune.timing import bench_ms
+
+    try:
+        count = min(int(graph.get_execution_plan_count()), MAX_PLANS)
+    except Exception as err:
+        fe.debug(name, f"plan count unavailable ({type(err).__name__}: {str(err)[:120]}); heuristics' first plan kept")
+        return
+    if count <= 1:
+        return
+    device = next(iter(bindings.values())).device
+    if device.type == "cuda":
+        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+    times: dict[int, float] = {}
+    for index in range(count):
+        try:
+            graph.build_plan_at_index(index)
+            workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
+
+            def run(ws: torch.Tensor = workspace) -> None:
+                graph.execute(bindings, ws, handle=handle)
+
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[index] = bench_ms(run, warmup_ms=2.0, rep_ms=10.0)
+        except Exception as err:  # a plan that does not build or run here: skipped
+            if settings.debug >= 2:
+                print(f"[fusegraph] {name}: cuDNN plan {index} skipped: {type(err).__name__}: {str(err)[:160]}")
+    if not times:   # none ran: back to the heuristics' choice (the walk from the selected plan)
+        fe.debug(name, "no cuDNN plan could be timed; heuristics' first plan kept")
+        graph.build_plans()
+        return
+    best = min(times, key=lambda i: times[i])
+    graph.build_plan_at_index(best)
+    if settings.debug >= 1:
+        timed = ", ".join(f"{i}: {t:.3f}" for i, t in sorted(times.items()))
+        print(f"[fusegraph] {name}: cuDNN fused conv plans timed (ms) {timed}; using plan {best}")
