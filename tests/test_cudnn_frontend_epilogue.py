@@ -277,6 +277,9 @@ def test_the_graph_we_describe_computes_the_block(monkeypatch: pytest.MonkeyPatc
         want = ["conv_fprop", "mul", "add", "add", "mul", "relu"]
     assert ops == want
     assert launch.mode == ("rescaled" if residual == "downsample" and fail_direct else "direct")
+    # a convolution of the same shapes and epilogue form reuses the built plan
+    twin = cce.build(epi, group.inputs, group.outputs[0].spec.memory_strides, "float32", torch.device("cpu"), "k2")
+    assert twin is not None and twin.plan is launch.plan and _Graph.last is graph
     assert graph.tensors["x"].stride == [144, 1, 24, 4] and graph.tensors["scale"].dim == [1, 8, 1, 1]
     # run it on the group's example inputs against our conv + generated epilogue (the reference)
     from fusegraph.backends.conv_kernel import conv_group_kernel

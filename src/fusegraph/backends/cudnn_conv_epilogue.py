@@ -454,14 +454,41 @@ def candidate(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], out_
     return build(epi, inputs, out_strides, compute_dtype, torch.device(device), name)
 
 
+# built plans by what they compute (shapes, dtypes, conv attributes, epilogue form): ResNet-50 repeats
+# its block shapes, so most of its convolutions reuse a plan; a form no engine builds is remembered too
+_BUILT: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def plan_key(epi: ConvEpilogue, cudnn: Any, device: torch.device) -> tuple[Any, ...]:
+    conv = epi.conv
+    residual = None if epi.residual is None else (tuple(epi.residual.spec.shape), epi.residual.dtype)
+    return (id(cudnn), str(device), conv.attrs, tuple(conv.inputs[0].spec.shape), tuple(conv.inputs[1].spec.shape),
+            conv.dtype, epi.scale is None, epi.shift is None, residual, epi.residual_scale is None, epi.activation,
+            tuple(epi.out.spec.shape), epi.out.dtype, settings.autotune)
+
+
 def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...], compute_dtype: str,
           device: torch.device, name: str) -> FusedConvLaunch | None:
-    """Build the plan: the direct chain, then for a scaled residual the rescaled one, each with fp32
-    per-channel vectors, then with vectors in the convolution's dtype; the first the frontend builds
-    is the candidate. None when it rejects all (debug reason)."""
+    """Build the plan (or take the one built for the same key): the direct chain, then for a scaled
+    residual the rescaled one, each with fp32 per-channel vectors, then with vectors in the
+    convolution's dtype; the first the frontend builds is the candidate. None when it rejects all
+    (debug reason)."""
     cudnn = fe._load()[0]
-    handle = fe._handle(cudnn, device)
+    key = plan_key(epi, cudnn, device)
+    if key not in _BUILT:
+        _BUILT[key] = (cudnn, *_build_first(epi, cudnn, device, name))   # cudnn held: its id stays unique
+    _, built, why = _BUILT[key]
+    if built is None:
+        fe.debug(name, why)
+        return None
+    plan, tensors, mode, vector_dtype = built
     positions = {n.id: k for k, n in enumerate(inputs)}
+    return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device, vector_dtype)
+
+
+def _build_first(epi: ConvEpilogue, cudnn: Any, device: torch.device, name: str) -> tuple[Any, str]:
+    """((plan, tensors, mode, vector dtype), "") for the first form that builds, else (None, why)."""
+    handle = fe._handle(cudnn, device)
     forms = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
     failures = []
     for vector_dtype in ("float32", epi.conv.dtype):
@@ -475,10 +502,8 @@ def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...
             except Exception as err:  # no engine for this graph here: try the next form
                 failures.append(f"{mode} {vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
                 continue
-            return FusedConvLaunch(epi, plan, tensors, mode, positions, out_strides, compute_dtype, device,
-                                   vector_dtype)
-    fe.debug(name, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures))
-    return None
+            return (plan, tensors, mode, vector_dtype), ""
+    return None, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures)
 
 
 MAX_PLANS = 8   # engine configurations timed per graph
