@@ -26,6 +26,11 @@ tensor, so that memory is not reused) at the same version (torch bumps the versi
 by aliases like detach(), on in-place writes; writes through `.data` are not seen). Inside a CUDA
 graph capture they are always recomputed, so each replay refolds (an in-place update is seen).
 Anything else in the epilogue: not offered, with the reason under FUSEGRAPH_DEBUG.
+
+Plans are built at build time, once per distinct (shapes, dtypes, conv attributes, epilogue form);
+with autotuning on, up to MAX_PLANS of cuDNN's execution plans are timed and the fastest kept. The
+ConvGroup's autotuner (backends/conv_kernel.py) checks the candidate against cuDNN conv + our
+generated epilogue and picks between them on measured time.
 """
 
 from __future__ import annotations
