@@ -165,8 +165,11 @@ def test_folded_scale_and_shift_match_batchnorm_fp32() -> None:
 # ---- a stand-in cudnn module: the graph records ops and executes them with torch ----
 
 class _T:
+    uids = iter(range(1, 1 << 30))
+
     def __init__(self, graph: _Graph, op: str, args: tuple[Any, ...] = (), **attrs: Any) -> None:
         self.graph, self.op, self.args, self.attrs = graph, op, args, attrs
+        self.uid = next(_T.uids)
         self.dim: list[int] = attrs.get("dim", [])
         self.stride: list[int] = attrs.get("stride", [])
 
@@ -231,7 +234,12 @@ class _Graph:
     def build_plans(self) -> None: self.steps.append("build_plans")
     def get_workspace_size(self) -> int: return 0
 
-    def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
+    def execute(self, bindings: Any, workspace: torch.Tensor, handle: Any = None,
+                tensor_uids: tuple[int, ...] | None = None) -> None:
+        if tensor_uids is not None:   # the ordered form: buffers in the order of their tensors' uids
+            by_uid = {t.uid: t for t in self._all()}
+            bindings = {by_uid[u]: b for u, b in zip(tensor_uids, bindings, strict=True)}
+
         def value(t: _T) -> torch.Tensor:
             if t.op == "tensor":
                 v = bindings[t]
@@ -245,6 +253,17 @@ class _Graph:
 
         assert self.output is not None
         bindings[self.output].copy_(value(self.output))
+
+    def _all(self) -> list[_T]:
+        seen: dict[int, _T] = {}
+
+        def walk(t: _T) -> None:
+            seen[t.uid] = t
+            for a in t.args:
+                walk(a)
+        assert self.output is not None
+        walk(self.output)
+        return list(seen.values())
 
 
 def _fake_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,6 +311,7 @@ def test_the_graph_we_describe_computes_the_block(monkeypatch: pytest.MonkeyPatc
     (want_out,) = plain.launch(args)
     (got,) = launch(args)
     assert got.stride() == want_out.stride()
+    assert launch.ordered is True          # the ordered binding path agreed with the dict path
     assert_close(got, want_out, tol=2e-3, what=f"fused {residual or 'conv+bn+relu'}")
     # the per-channel vectors are folded once and reused while the inputs are unchanged ...
     launch(args)

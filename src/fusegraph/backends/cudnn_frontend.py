@@ -97,9 +97,18 @@ class FrontendPlan:
         self.workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
 
     def __call__(self, bindings: dict[Any, torch.Tensor]) -> None:
+        self._stream()
+        self.graph.execute(bindings, self.workspace, handle=self.handle)
+
+    def run_ordered(self, buffers: tuple[torch.Tensor, ...], uids: tuple[int, ...]) -> None:
+        """execute() with buffers in a fixed order of graph-tensor uids (newer frontends' faster
+        binding path: the operand metadata is cached, only the pointers are read per call)."""
+        self._stream()
+        self.graph.execute(buffers, self.workspace, handle=self.handle, tensor_uids=uids)
+
+    def _stream(self) -> None:
         if self.workspace.device.type == "cuda":  # run on torch's current stream (CUDA graph capture too)
             self.cudnn.set_stream(self.handle, torch.cuda.current_stream(self.workspace.device).cuda_stream)
-        self.graph.execute(bindings, self.workspace, handle=self.handle)
 
 
 # ---- conv2d + bias + activation ----
