@@ -69,6 +69,18 @@ def device_ms(fn: Callable[[], Any]) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def host_us(fn: Callable[[], Any], calls: int = 50) -> float:
+    """Host time per call to enqueue `fn` (no synchronization between calls)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out64, ref64 = out.double(), ref.double()
     if not torch.isfinite(out64).all():
@@ -173,11 +185,13 @@ def check_block(spec: tuple[Any, ...]) -> None:
             torch.cuda.synchronize()
             error = rel_err(out.float(), ref)
             ms = device_ms(fn)
-            print(f"   {label:40s} rel_err {error:.2e}  {ms:.4f} ms", flush=True)
+            print(f"   {label:40s} rel_err {error:.2e}  {ms:.4f} ms device, {host_us(fn):.0f} us host per call",
+                  flush=True)
         except Exception as exc:  # report and continue with the next implementation
             print(f"   {label:40s} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     if fused is not None:
-        print(f"   fused launch folded its per-channel vectors {fused.folds} time(s) over all calls", flush=True)
+        print(f"   fused launch folded its per-channel vectors {fused.folds} time(s) over all calls; ordered binding "
+              f"path {fused.ordered}", flush=True)
 
 
 def check_resnet50(batch: int) -> None:
