@@ -245,7 +245,8 @@ def conv_report(compiled: Any) -> None:
                 ops = Counter(nd.op for nd in kern.nodes)
                 folds = getattr(kern.launch, "folds", None)
                 print(f"   {kern.name:14s} {cand:26s} ops={dict(ops)} tuning={kern.tuning}"
-                      + (f" folds={folds} mode={kern.launch.mode}" if folds is not None else ""), flush=True)
+                      + (f" folds={folds} mode={kern.launch.mode} ordered={kern.launch.ordered}"
+                         if folds is not None else ""), flush=True)
     print(f"   convolution kernels by chosen candidate: {dict(chosen)}", flush=True)
 
 
