@@ -4,6 +4,8 @@ candidate."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -201,3 +203,21 @@ def test_tma_not_planned_for_unaligned_strides() -> None:
     assert tma_plan(aligned, 2) is not None
     odd_rows = GemmGeometry((), 40, 24, 33, (33, 1), (24, 1), (), ())  # 66-byte rows
     assert tma_plan(odd_rows, 2) is None
+
+
+def test_decode_gemv_rule_takes_cublas_untimed():
+    """backends/matmul_kernel._library_only: a single-entry GEMM of <= gemm_library_max_m rows (a
+    decode GEMV streaming its weight) runs in cuBLAS on a GPU; more rows, a batch, or the setting at 0
+    go through the usual candidates."""
+    from types import SimpleNamespace
+
+    from fusegraph.backends.matmul_kernel import _library_only
+    from fusegraph.settings import override
+
+    def gen(m: int, batch: int = 1) -> Any:
+        return SimpleNamespace(geometry=SimpleNamespace(m=m, batch_numel=batch))
+
+    assert _library_only(gen(1)) and _library_only(gen(16))
+    assert not _library_only(gen(17)) and not _library_only(gen(1, batch=32))
+    with override(gemm_library_max_m=0):
+        assert not _library_only(gen(1))

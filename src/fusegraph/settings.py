@@ -99,6 +99,9 @@ _register("tune_gemm_pair_floor_us", int, lambda: 2,
           "A launch-bound GEMM (floor under tune_min_floor_us) whose floor is at least this many microseconds "
           "(a weight-streaming decode GEMM) is timed between two candidates only: the first Triton config and "
           "cuBLAS (one compile); below it the first candidate is used untimed.")
+_register("gemm_library_max_m", int, lambda: 16,
+          "On a GPU, GEMMs with at most this many rows (decode-step GEMVs streaming their weights) run in "
+          "cuBLAS untimed (our kernels streamed weights slower there; isolated timing could not tell). 0: off.")
 _register("recompute", bool, lambda: False,
           "Training graphs: split forward/backward with AOTAutograd's min-cut rematerialization partitioner "
           "(recompute cheap pointwise chains in the backward instead of saving them; off by default: slower in "

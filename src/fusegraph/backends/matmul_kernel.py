@@ -173,6 +173,11 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         _debug(name, kernel.note)
         return kernel
     gen = generate_gemm(group, name)
+    if device.startswith("cuda") and _library_only(gen):
+        kernel.config, kernel.tuning = {"backend": "cublas"}, {"source": "rule", "seconds": 0.0, "candidates": 1}
+        kernel.note = (f"cuBLAS: {gen.geometry.m} row(s) <= gemm_library_max_m, a weight-streaming GEMV"
+                       + ("" if identity else " (epilogue as a second launch)"))
+        return kernel
     configs = _gemm_candidates(gen, device, group)
     if variant is not None:
         configs = [c for c in configs if c.get("VARIANT", "tiled") == variant] or configs
@@ -262,6 +267,8 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     if gemm_supported(group) is not None:
         return []
     gen = generate_gemm(group, name)
+    if device.startswith("cuda") and _library_only(gen):
+        return []
     configs = _gemm_candidates(gen, device, group)
     shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
                    outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
@@ -276,6 +283,16 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
     fn = load_triton_function(gen.source, name)
     args = _example_inputs(gen.inputs, device)
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
+
+
+def _library_only(gen: GeneratedGemm) -> bool:
+    """A GEMM of at most settings.gemm_library_max_m rows (one batch entry): a decode step's GEMV,
+    bound by streaming its weight. cuBLAS runs it untimed: on the H200 our tiled/split-K kernels
+    streamed weights 1.1-1.8x slower than cuBLAS in a decode step (bench/decode_gemm_gpu.py), while
+    the autotuner's isolated timing (L2 flushed, one call) rated them equal, so timing cannot be
+    trusted to choose here."""
+    limit = settings.gemm_library_max_m
+    return limit > 0 and gen.geometry.batch_numel == 1 and gen.geometry.m <= limit
 
 
 def _paired(floor_ms: float | None) -> bool:
