@@ -441,7 +441,6 @@ class FusedConvLaunch:
             out = torch.empty_strided(self.out_shape, self.out_strides, dtype=out.dtype, device=out.device).copy_(out)
         return [out]
 
-
     def _execute(self, by_role: dict[str, torch.Tensor]) -> None:
         """Run the plan through the ordered binding path when it was seen to agree with the dict
         path (checked on the first call outside a CUDA graph capture), else the dict path."""
