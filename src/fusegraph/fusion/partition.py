@@ -40,6 +40,10 @@ COMBINES = ("sum", "max", "min")
 # tensor is small enough that parallelism does not matter).
 MIN_KEPT_FOR_FUSION = 128
 SMALL_NUMEL = 1 << 16
+# Groupings tried while choosing values to materialize (fusion/recompute.py): the first decides
+# nearly everything (values along a chain are judged in one pass); later rounds catch values whose
+# cost changed with the new kernels.
+MATERIALIZE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -332,11 +336,62 @@ def _ident(name: str) -> str:
 def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
     """Group `graph` (primitives only) into kernels, in an order where each reads only what
     earlier kernels wrote. `aliases`: ids of view nodes computed as torch views of their input
-    (fusion/views.py): like library nodes, they read a materialized input and are read as loads."""
+    (fusion/views.py): like library nodes, they read a materialized input and are read as loads.
+    Pointwise values that several kernels would each rebuild at a higher cost in bytes than
+    storing them once become kernel results (fusion/recompute.py), and the graph is grouped again."""
+    from .recompute import worth_materializing
+
+    materialized: set[int] = set()
+    for round_ in range(MATERIALIZE_ROUNDS):
+        groups, library, ancestors = _group(graph, set(aliases), materialized)
+        while cyclic := {a.id for g in _kernels_on_cycles(groups, library) for a in g.anchors} & materialized:
+            materialized -= cyclic   # a materialized value whose kernel landed on a cycle stays inlined
+            groups, library, ancestors = _group(graph, set(aliases), materialized)
+        more = worth_materializing(groups, graph) if round_ + 1 < MATERIALIZE_ROUNDS else set()
+        if not more - materialized:
+            break
+        materialized |= more
+    external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
+    groups = _pair_rows_with_columns(groups, ancestors, external)
+    return Partition(_schedule(groups, library, graph))
+
+
+def _kernels_on_cycles(groups: list[KernelGroup], library: list[Node]) -> list[KernelGroup]:
+    """Groups that (through other kernels) read what they write. The merges' ancestry check
+    (_cyclic) does not see a kernel that writes v and reads a value of another kernel that reads
+    v without depending on it; this catches that, for the kernels of materialized values."""
+    producer: dict[int, KernelGroup | Node] = {n.id: n for n in library}
+    for g in groups:
+        for a in g.anchors:
+            producer[a.id] = g
+    deps: dict[int, set[int]] = {}
+    for item in [*groups, *library]:
+        reads = [e.node.id for e in item.loads] if isinstance(item, KernelGroup) else [i.id for i in item.inputs]
+        deps[id(item)] = {id(producer[r]) for r in reads if r in producer and producer[r] is not item}
+    on_cycle = []
+    for g in groups:
+        seen: set[int] = set()
+        stack = list(deps[id(g)])
+        while stack:
+            k = stack.pop()
+            if k == id(g):
+                on_cycle.append(g)
+                break
+            if k not in seen:
+                seen.add(k)
+                stack.extend(deps[k])
+    return on_cycle
+
+
+def _group(graph: Graph, aliases: set[int],
+           materialized: set[int]) -> tuple[list[KernelGroup], list[Node], dict[int, int]]:
+    """The kernel groups (before row/column pairing), the library nodes and the ancestor masks.
+    `materialized`: pointwise nodes made anchors; one that cannot be traced alone is left inlined
+    (removed from the set) rather than run by reference."""
     library_ids = {n.id for n in graph.nodes if n.op != "input" and not is_literal(n) and not fusable(n)}
-    library_ids |= set(aliases)
+    library_ids |= aliases
     while True:  # an anchor that cannot be traced alone runs by reference; its inputs then become anchors
-        anchors, literal_library = _anchors(graph, library_ids)
+        anchors, literal_library = _anchors(graph, library_ids, materialized)
         boundary = {n.id for n in anchors} | library_ids | literal_library
         failed = set()
         for anchor in anchors:
@@ -346,7 +401,10 @@ def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
                 failed.add(anchor.id)
         if not failed:
             break
-        library_ids |= failed
+        if failed & materialized:
+            materialized -= failed
+        else:
+            library_ids |= failed
     library_ids |= literal_library
     library = [n for n in graph.nodes if n.id in library_ids]
     ancestors = _ancestor_masks(graph)
@@ -368,14 +426,14 @@ def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
     _merge_same_domain(groups, group_of, boundary, ancestors, alias_root)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
-    external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
-    groups = _pair_rows_with_columns(groups, ancestors, external)
-    return Partition(_schedule(groups, library, graph))
+    return groups, library, ancestors
 
 
-def _anchors(graph: Graph, library_ids: set[int]) -> tuple[list[Node], set[int]]:
-    """Values that must be kernel results: graph outputs, library-op arguments, reductions.
-    Also the literals that must exist as tensors (outputs, library arguments)."""
+def _anchors(graph: Graph, library_ids: set[int],
+             materialized: Collection[int] = ()) -> tuple[list[Node], set[int]]:
+    """Values that must be kernel results: graph outputs, library-op arguments, reductions, and
+    the pointwise values chosen to be `materialized`. Also the literals that must exist as tensors
+    (outputs, library arguments)."""
     users = graph.users()
     outputs = {n.id for n in graph.outputs}
     anchors: list[Node] = []
@@ -387,7 +445,7 @@ def _anchors(graph: Graph, library_ids: set[int]) -> tuple[list[Node], set[int]]
         if is_literal(node):
             if needed_raw:  # a scalar output / library argument: made by its reference
                 literals.add(node.id)
-        elif needed_raw or (get_op(node.op).has(REDUCTION) and not is_unit_reduction(node)):
+        elif needed_raw or node.id in materialized or (get_op(node.op).has(REDUCTION) and not is_unit_reduction(node)):
             anchors.append(node)
     return anchors, literals
 

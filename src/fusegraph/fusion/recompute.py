@@ -1,0 +1,107 @@
+"""Recompute or materialize: which inlined pointwise values become kernel results.
+
+The partitioner inlines a pointwise value into every kernel that needs it. That is free when the
+value is cheap to rebuild from what those kernels read anyway (a scale, a cast, x * w), and
+quadratic when the value is a chain through earlier kernels: in a backward graph the residual
+gradient g_l = g_{l+1} + layernorm_backward_l(...) is rebuilt, with all of g_{l+1}'s own
+recomputation, by every kernel that reads it, so the kernels of layer l re-read the inputs of
+every later layer (O(L^2) bytes, kernels of hundreds of ops).
+
+The rule is a byte count on a partition already made. For a pointwise value v inlined into k >= 2
+kernels, let only_i be the bytes kernel i reads solely to rebuild v (its loads reachable only
+through v; loads the kernel needs for other values cost nothing extra) and S the bytes of v:
+
+    recompute:    sum_i only_i
+    materialize:  min_i only_i + S (the kernel that already reads most of what v needs, usually
+                  the one that produces those inputs, stores it) + (k - 1) * S (the others read it)
+
+and v is materialized when that is strictly cheaper. Values are decided in graph order, so a value
+chosen earlier counts as one read of S bytes (not its whole rebuild) in the values after it: along
+a chain every link is judged with the links before it already materialized. Only divergence points
+are candidates (values with two or more users, looking through views): a value with a single user
+is duplicated because its user is, and materializing the user covers both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.registry import VIEW, get_op
+
+if TYPE_CHECKING:
+    from .partition import Entry, KernelGroup
+
+
+def worth_materializing(groups: list[KernelGroup], graph: Graph) -> set[int]:
+    """Ids of inlined pointwise nodes that are cheaper stored once than rebuilt in every kernel
+    that reads them (see the module docstring)."""
+    anchored = {a.id for g in groups for a in g.anchors}
+    sites: dict[int, list[KernelGroup]] = {}
+    for g in groups:
+        seen: set[int] = set()
+        for e in g.entries:
+            if e.kind == "op" and e.node.id not in anchored and e.node.id not in seen:
+                seen.add(e.node.id)
+                sites.setdefault(e.node.id, []).append(g)
+    if not any(len(s) > 1 for s in sites.values()):
+        return set()
+    users = graph.users()
+    node_of = {n.id: n for n in graph.nodes}
+    position = {n.id: k for k, n in enumerate(graph.nodes)}
+    candidates = sorted((nid for nid, s in sites.items() if len(s) > 1 and _value_users(nid, users, node_of) > 1),
+                        key=position.__getitem__)
+    chosen: set[int] = set()
+    for nid in candidates:
+        size = node_of[nid].spec.nbytes
+        only = [_bytes_only_for(g, nid, chosen) for g in sites[nid]]
+        if sum(only) - min(only) > len(only) * size:
+            chosen.add(nid)
+    return chosen
+
+
+def _value_users(nid: int, users: dict[int, list[Node]], node_of: dict[int, Node]) -> int:
+    """How many distinct nodes consume the value of node `nid`, a view's users standing for it."""
+    found: set[int] = set()
+    stack = [nid]
+    while stack:
+        for u in users.get(stack.pop(), ()):
+            if get_op(u.op).has(VIEW):
+                stack.append(u.id)
+            else:
+                found.add(u.id)
+    return len(found)
+
+
+def _bytes_only_for(group: KernelGroup, nid: int, chosen: set[int]) -> int:
+    """Bytes `group` reads only to rebuild node `nid`: the materialized values (loads, and nodes
+    already chosen for materializing) reachable from its entries of `nid` and from nowhere else."""
+    by_key = {e.key: e for e in group.entries}
+    used = {a for e in group.entries for a in e.args}
+    roots = [e for e in group.entries if e.key not in used] + list(group.stores)
+    via = _reads([e for e in group.entries if e.node.id == nid], by_key, nid, chosen, through=True)
+    other = _reads(roots, by_key, nid, chosen, through=False)
+    return sum(node.spec.nbytes for i, node in via.items() if i not in other)
+
+
+def _reads(starts: list[Entry], by_key: dict[str, Entry], nid: int, chosen: set[int],
+           through: bool) -> dict[int, Node]:
+    """The materialized values reached from `starts` down the entries' arguments; a node in
+    `chosen` is a read of that node (its rebuild stops there); entries of `nid` are entered only
+    when `through`."""
+    out: dict[int, Node] = {}
+    seen: set[str] = set()
+    stack = list(starts)
+    while stack:
+        e = stack.pop()
+        if e.key in seen:
+            continue
+        seen.add(e.key)
+        if e.node.id == nid and not through:
+            continue
+        if e.kind == "load" or (e.node.id in chosen and e.node.id != nid):
+            out[e.node.id] = e.node
+            continue
+        stack.extend(by_key[a] for a in e.args)
+    return out
