@@ -265,6 +265,7 @@ def test_torch_training_lm_head_gradient_padded(monkeypatch: pytest.MonkeyPatch)
         plans.append(self)
 
     monkeypatch.setattr(plan_module.Plan, "__init__", record)
+    torch._dynamo.reset()
     vocab, dim = 1001, 32
 
     class TinyHead(nn.Module):
@@ -294,3 +295,4 @@ def test_torch_training_lm_head_gradient_padded(monkeypatch: pytest.MonkeyPatch)
     operands = [i for p in backward for n in p.graph.nodes if n.op == "matmul"  # type: ignore[attr-defined]
                 for i in n.inputs if i.shape[-1] == vocab and i.op != "input"]   # not W^T
     assert operands and all(row_stride(i) == 1008 for i in operands), [i.spec for i in operands]
+    torch._dynamo.reset()
