@@ -1,8 +1,9 @@
 """GPT-2-124M's LM head (M = 8192 tokens, K = 768, vocabulary N = 50257, bf16) as plan kernels,
-built with and without the pad_align pass (passes/pad_align.py), on the GPU.
+built without the pad_align pass (passes/pad_align.py), with it (GEMM operands padded, the
+default) and with PAD_RESULTS (GEMM results padded too: the logits), on the GPU.
 
 The graph is the head of a training step, forward and backward in one plan:
-    logits = h @ W^T                    GEMM 1 [8192, 50257] (plan-internal: padded with the pass)
+    logits = h @ W^T                    GEMM 1 [8192, 50257] (plan-internal: padded with PAD_RESULTS)
     loss = cross_entropy(logits, y); dlogits = cross_entropy_backward(1/M, logits, y)
     dh = dlogits @ W                    GEMM 2 (K = 50257: our Triton GEMM had no TMA path)
     dW = dlogits^T @ h                  GEMM 3 (cuBLAS's align1 kernel on the 50257-element rows)
@@ -12,7 +13,7 @@ show align1 vs align8). Bare torch.mm rows on dense vs padded operands give the 
 the one-time copy into a padded buffer what padding an input would cost. Text to stdout, JSON to
 $OUT (else bench/results/).
 
-    PYTHONPATH=src python bench/pad_align_gpu.py                 # H200: two builds (autotuned), ~2-4 min
+    PYTHONPATH=src python bench/pad_align_gpu.py                 # H200: three builds (autotuned), ~2-4 min
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/pad_align_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 import fusegraph as fg
+from fusegraph.passes import pad_align as pad_module
 from fusegraph.passes.pad_align import pad_align_disabled, padded_row
 from fusegraph.tune import bench_ms
 
@@ -73,7 +75,10 @@ def kernel_rows(plan: Any, inputs: list[torch.Tensor], timed: bool) -> list[dict
                                "config": {a: v for a, v in (kernel.config or {}).items()
                                           if a in ("backend", "VARIANT", "USE_TMA", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
                                "in_strides": [tuple(n.spec.memory_strides) for n in kernel.inputs if n.shape],
-                               "out_strides": [tuple(n.spec.memory_strides) for n in kernel.outputs if n.shape]}
+                               "out_strides": [tuple(n.spec.memory_strides) for n in kernel.outputs if n.shape],
+                               "tuning": {a: v for a, v in (kernel.tuning or {}).items()
+                                          if a in ("source", "candidates", "timed", "best_ms", "seconds")},
+                               "note": kernel.note}
         if timed:
             launch, kernel_args = kernel.launch, args
             row["ms"] = bench_ms(lambda: launch(kernel_args))
@@ -97,14 +102,20 @@ def gpu_kernels(fn: Callable[[], Any], top: int = 14) -> list[tuple[str, float]]
     return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
 
 
-def build_and_time(label: str, m: int, k: int, n: int, dtype: str, device: str, disabled: bool) -> dict[str, Any]:
+def build_and_time(label: str, m: int, k: int, n: int, dtype: str, device: str, mode: str) -> dict[str, Any]:
+    """mode: "off" (no pad_align), "on" (the default: GEMM operands), "results" (PAD_RESULTS too)."""
     g, _ = lm_head_graph(m, k, n, dtype)
     start = time.perf_counter()
-    if disabled:
-        with pad_align_disabled():
+    saved = pad_module.PAD_RESULTS
+    pad_module.PAD_RESULTS = mode == "results"
+    try:
+        if mode == "off":
+            with pad_align_disabled():
+                plan = g.build(device=device)
+        else:
             plan = g.build(device=device)
-    else:
-        plan = g.build(device=device)
+    finally:
+        pad_module.PAD_RESULTS = saved
     build_s = time.perf_counter() - start
     inputs = make_inputs(m, k, n, getattr(torch, dtype), device)
     cuda = device.startswith("cuda")
@@ -151,7 +162,7 @@ def _print(res: dict[str, Any]) -> None:
     for r in res["kernels"]:
         ms = f"{r['ms']:8.3f} ms" if "ms" in r else "       -   "
         print(f"  {ms}  {r['kind']:9s} {r['backend']:9s} {r['ops']:40s} in {r['in_strides']} "
-              f"out {r['out_strides']} {r['config']}")
+              f"out {r['out_strides']} {r['config']}" + (f" tuning {r['tuning']}" if r["tuning"] else ""))
     for name, ms in res.get("gpu_kernels", []):
         print(f"     gpu {ms:8.3f} ms  {name[:150]}")
 
@@ -165,18 +176,22 @@ def main() -> int:
     m, k, n = (64, 32, 1001) if opts.cpu_smoke else (8192, 768, 50257)
     dtype = "float16" if opts.cpu_smoke else "bfloat16"
     t0 = time.perf_counter()
-    results = [build_and_time("without pad_align", m, k, n, dtype, device, disabled=True),
-               build_and_time("with pad_align", m, k, n, dtype, device, disabled=False)]
+    results = [build_and_time("without pad_align", m, k, n, dtype, device, "off"),
+               build_and_time("with pad_align", m, k, n, dtype, device, "on"),
+               build_and_time("with pad_align, PAD_RESULTS (logits padded too)", m, k, n, dtype, device, "results")]
     for res in results:
         _print(res)
         sys.stdout.flush()
-    base, padded = results[0].pop("outputs"), results[1].pop("outputs")
+    base = results[0].pop("outputs")
     agree = []
-    for a, b in zip(base, padded, strict=True):
-        denom = float(a.double().norm()) or 1.0
-        agree.append(float((a.double() - b.double()).norm()) / denom)
-    diffs = ", ".join(f"{e:.2e}" for e in agree)
-    print(f"\noutputs with vs without the pass (loss, dh, dW): relative differences {diffs}")
+    for res in results[1:]:
+        errs = []
+        for a, b in zip(base, res.pop("outputs"), strict=True):
+            denom = float(a.double().norm()) or 1.0
+            errs.append(float((a.double() - b.double()).norm()) / denom)
+        agree.append(errs)
+        diffs = ", ".join(f"{e:.2e}" for e in errs)
+        print(f"\noutputs {res['label']} vs without (loss, dh, dW): relative differences {diffs}")
     gemm_ms = {r["label"]: sum(x.get("ms", 0.0) for x in r["kernels"] if x["kind"] == "matmul") for r in results}
     print(f"GEMM kernels summed: {', '.join(f'{k_}: {v:.3f} ms' for k_, v in gemm_ms.items())}")
     bare = [] if opts.no_bare or opts.cpu_smoke else bare_cublas(m, k, n, getattr(torch, dtype), device)

@@ -61,7 +61,7 @@ def test_lm_head_intermediates_padded_and_match_reference(dtype: str) -> None:
     assert grad.shape == (M, 1001) and grad is mms["dw"].inputs[0] and mms["dw"].attrs["trans_a"]
     stride = row_stride(grad)
     assert stride > 1001 and stride % 8 == 0 and (stride * grad.spec.itemsize) % 16 == 0, grad.spec
-    assert row_stride(mms["logits"]) % 8 == 0 and row_stride(mms["logits"]) > 1001
+    assert row_stride(mms["logits"]) == 1001   # read by the softmax only: kept dense (PAD_RESULTS off)
     # the GEMM reading the padded gradient gets its TMA path (it had none with a 1001-element row)
     dh_kernel = next(k for k in plan.kernels if any(n.name == "dh" for n in k.nodes))
     assert dh_kernel.backend == "triton" and "make_tensor_descriptor" in dh_kernel.source
@@ -170,17 +170,51 @@ def test_cublas_matmul_into_padded_output(trans: tuple[bool, bool]) -> None:
     assert batched.stride() == (M * 1008, 1008, 1)
 
 
+def gemm_chain(dtype: str) -> tuple[fg.Graph, list[object]]:
+    """t = h @ W^T [M, 1001] read by two GEMMs (t @ W, t^T @ h) and a softmax: t is a GEMM operand."""
+    g = fg.Graph(name="gemm_chain", compute_dtype="float32")
+    h = g.tensor((M, K), dtype=dtype, name="h")
+    w = g.tensor((1001, K), dtype=dtype, name="w")
+    t = g.matmul(h, w, transpose_b=True, name="t")
+    g.matmul(t, w, name="tw").set_output()
+    g.matmul(g.transpose(t, 0, 1), h, name="th").set_output()
+    g.softmax(t, -1).set_output()
+    return g, [h, w]
+
+
+def test_gemm_result_read_by_a_gemm_is_padded() -> None:
+    g, handles = gemm_chain("float16")
+    plan = g.build(device="cpu")
+    assert row_stride(gemms(plan.graph)["t"]) == 1008
+    data = [rand(M, K, dtype=torch.float16), rand(1001, K, dtype=torch.float16) * 0.2]
+    want = list(fg.reference(g).execute(dict(zip(handles, data, strict=True))).values())
+    for got, ref in zip(plan(*data), want, strict=True):
+        assert got.stride() == contiguous_strides(tuple(ref.shape))
+        assert_close(got.float(), ref.float(), tol=5e-3)
+
+
+def test_pad_results_pads_a_gemm_result_no_gemm_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pad_module, "PAD_RESULTS", True)
+    g, handles = lm_head(1001, "float32")
+    plan = g.build(device="cpu")
+    assert row_stride(gemms(plan.graph)["logits"]) == 1024
+    data = feeds(1001, "float32")
+    want = list(fg.reference(g).execute(dict(zip(handles, data, strict=True))).values())
+    for got, ref in zip(plan(*data), want, strict=True):
+        assert_close(got, ref, tol=1e-5)
+
+
 def test_cublas_candidate_in_a_padded_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    # every GEMM as the cuBLAS candidate: the logits product is written into its padded buffer
-    # (torch.mm out=), grad is read through its padded row (lda), results match the reference
+    # every GEMM as the cuBLAS candidate: the product t is written into its padded buffer
+    # (torch.mm out=), then read through its padded row (lda) by the next GEMMs
     from fusegraph.backends import matmul_kernel
 
     monkeypatch.setattr(matmul_kernel, "_choose", lambda *args, **kw: {"backend": "cublas"})
-    g, handles = lm_head(1001, "float32")
+    g, handles = gemm_chain("float32")
     plan = g.build(device="cpu")
     assert [k.backend for k in plan.kernels if k.kind == "matmul"] == ["cublas"] * 3
-    assert row_stride(gemms(plan.graph)["logits"]) == 1024
-    data = feeds(1001, "float32")
+    assert row_stride(gemms(plan.graph)["t"]) == 1024
+    data = [rand(M, K), rand(1001, K) * 0.2]
     want = list(fg.reference(g).execute(dict(zip(handles, data, strict=True))).values())
     for got, ref in zip(plan(*data), want, strict=True):
         assert_close(got, ref, tol=1e-5)
@@ -226,7 +260,7 @@ def test_cross_entropy_head_gradient_padded() -> None:
         out.set_output()
     plan = g.build(device="cpu")
     mms = gemms(plan.graph)
-    assert row_stride(mms["dh"].inputs[0]) == 1008 and row_stride(mms["logits"]) == 1008
+    assert row_stride(mms["dh"].inputs[0]) == 1008 and row_stride(mms["logits"]) == 1001
     data = [rand(M, K, dtype=torch.float16), rand(1001, K, dtype=torch.float16) * 0.2,
             torch.randint(0, 1001, (M,)), torch.tensor(1.0 / M)]
     want = list(fg.reference(g).execute(dict(zip([h, w, y, gloss], data, strict=True))).values())

@@ -2,17 +2,21 @@
 
 A row-major [M, N] value whose row is not a multiple of 16 bytes (N % 8 != 0 in bf16/fp16,
 N % 4 != 0 in fp32; a vocabulary of 50257) makes every GEMM that reads or writes it slow:
-cuBLAS falls back to its `align1` kernels (GPT-2's LM-head weight gradient: 4.5 ms instead of
-about 0.8 ms on an H200) and our Triton GEMM loses its TMA path (descriptors need 16-byte aligned
-strides). Inductor avoids this by padding strides; so does this pass:
+cuBLAS falls back to its `align1` kernels (GPT-2's LM-head weight gradient g^T @ h on an H200:
+4.3-4.5 ms, 1.25 ms with g padded) and our Triton GEMM loses its TMA path (descriptors need 16-byte
+aligned strides). Inductor avoids this by padding strides; so does this pass:
 
 - a value produced inside the plan by a kernel that writes its output through its spec's strides
   (a generated Triton kernel or a GEMM) that a GEMM reads (directly or through views that stay
-  strided views), or that is a GEMM's result (or the same-shape pointwise epilogue after it),
-  gets a padded row stride: [8192, 50257] bf16 is stored with strides (50304, 1). The write costs
-  nothing more; every consumer reads it as a strided view (generated kernels bake the spec's
-  strides into their indexing, GEMMs take them as literals or leading dimensions, torch takes any
-  strides);
+  strided views) gets a padded row stride: [8192, 50257] bf16 is stored with strides (50304, 1).
+  The write costs nothing more; every consumer reads it as a strided view (generated kernels bake
+  the spec's strides into their indexing, GEMMs take them as literals or leading dimensions, torch
+  takes any strides). On the H200 (bench/results/pad_align_20261130_2250.txt) this took the LM
+  head's dh = g @ W from 3.12 to 0.86 ms and dW = g^T @ h from 2.55 to 0.86 ms (our Triton GEMM,
+  now with TMA); bare cuBLAS dW 4.28 -> 1.25 ms;
+- a GEMM result that no GEMM reads is padded only with PAD_RESULTS (off): the same run measured
+  the forward logits GEMM with a padded output at 2.19 ms against 1.07 ms dense (another config
+  won), and bare cuBLAS h @ W^T took 6.67 ms into a dense and 6.66 ms into a padded output;
 - a graph input (or a value a library kernel computes) that a GEMM reads misaligned is copied once
   per call into a padded buffer (a `to_layout` node, a generated copy kernel) when the copy costs
   no more than COPY_BUDGET times the floor of the GEMMs that read it (device cost model) and is
@@ -48,7 +52,8 @@ WIDE_MIN_ROW_BYTES = 2048
 MAX_GROWTH = 1.25           # do not pad a row by more than a quarter of its length
 COPY_BUDGET = 1.0           # an input copy may cost up to this fraction of the reading GEMMs' floor
 MIN_COPY_BYTES = 1 << 20    # smaller inputs are not worth a launch
-EPILOGUE_DEPTH = 4          # same-shape pointwise steps after a GEMM whose results are padded too
+PAD_RESULTS = False         # also pad GEMM results no GEMM reads (measured slower: module docstring)
+EPILOGUE_DEPTH = 4          # with PAD_RESULTS: same-shape pointwise steps after a GEMM padded too
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 RATE_KEYS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 ENABLED = os.environ.get("FUSEGRAPH_PAD_ALIGN", "1") not in ("0", "false", "False", "")
@@ -227,7 +232,7 @@ def pad_align_graph(graph: Graph, device: Any = None, min_copy_bytes: int | None
                 cand.readers.add((chain[-1] if chain else gemm).id)
                 device = device or _default_device()
                 cand.floor_s += _gemm_floor_s(gemm, device)
-        for value in _epilogue_values(gemm, users):
+        for value in _epilogue_values(gemm, users) if PAD_RESULTS else ():
             strides = padded_strides(value.spec)
             if strides is not None and value.id not in outputs and _readers_accept(value, users, outputs):
                 pads[value.id] = strides
