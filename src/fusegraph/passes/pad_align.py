@@ -42,7 +42,7 @@ from typing import Any
 
 from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
-from ..ir.registry import MATMUL, POINTWISE, SOURCE, VIEW, get_op
+from ..ir.registry import COMPOSITE, MATMUL, POINTWISE, SOURCE, VIEW, get_op
 from ..ir.spec import TensorSpec
 from .base import graph_pass
 
@@ -163,8 +163,13 @@ def _reader_accepts(reader: Node, users: dict[int, list[Node]], outputs: set[int
 
 
 def _copyable(value: Node) -> bool:
-    """A graph input or a library kernel's result (not a constant: `fold` would undo the copy)."""
-    return value.op == "input" or not (get_op(value.op).has(SOURCE) or value.multi_output or value.op == "getitem")
+    """A graph input or a library kernel's result. Not a constant (`fold` would undo the copy), nor a
+    composite op (the first pipeline run sees the graph before decomposition: its primitives are
+    padded, where they feed a GEMM, by the run after it)."""
+    if value.op == "input":
+        return True
+    opdef = get_op(value.op)
+    return not (opdef.has(SOURCE) or opdef.has(COMPOSITE) or value.multi_output or value.op == "getitem")
 
 
 def _readers_accept(value: Node, users: dict[int, list[Node]], outputs: set[int]) -> bool:
