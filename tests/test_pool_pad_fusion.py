@@ -169,3 +169,23 @@ def test_torchvision_resnet_has_no_layout_copy_inside_the_plan(channels_last: bo
     pool = [k for k in kernels if "maximum" in _ops(k)]
     assert len(pool) == 1 and pool[0].outputs[0].spec.layout == "NHWC"
     assert all(n.spec.layout == "NHWC" for n in pool[0].inputs if n.spec.rank == 4)
+
+
+# ---- the layout decision names the weights a convolution call re-lays out ----
+
+@pytest.mark.parametrize("kernel,weight_layout,converted", [(3, "KCRS", True), (3, "KRSC", False), (1, "KCRS", False)])
+def test_layout_decision_names_weights_converted_per_call(kernel: int, weight_layout: str, converted: bool) -> None:
+    from fusegraph.passes.decompose import decompose
+    from fusegraph.passes.layout import choose_layout
+
+    g = fg.Graph("w_in", compute_dtype="float32")
+    x = g.tensor((2, 8, 6, 6), "float16", "x")
+    shape = (8, 8, kernel, kernel)
+    strides = None if weight_layout == "KCRS" else (8 * kernel * kernel, 1, 8 * kernel, 8)
+    w = g.tensor(shape, "float16", "w", strides=strides)
+    g.relu(g.conv2d(x, w, padding=kernel // 2)).set_output()
+    _, decisions = choose_layout(decompose(g.to_ir()))
+    (decision,) = decisions
+    assert decision.layout == "NHWC"
+    assert decision.weights_converted_in_conv == (["w"] if converted else [])
+    assert "weights re-laid out inside the conv call" in str(decision)

@@ -5,7 +5,9 @@ cache's index_copy_) are in torch_ops_scatter. Same table as torch_ops (see its 
 on import by torch_ops_nn.
 
 Pooling is written as pad + k*k strided slices combined pointwise (max / sum), which fuses into one
-kernel. Indexing with one index tensor is an index_select; as_strided is served when its (size, stride)
+kernel: each window position is a range-masked load of the (unpadded) input, the padding a select of
+the fill value (fusion/index_map.py), so no padded copy is made.
+Indexing with one index tensor is an index_select; as_strided is served when its (size, stride)
 describe a permutation of the input's contiguous layout (what views of views leave behind).
 """
 

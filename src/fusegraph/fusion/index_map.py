@@ -11,6 +11,11 @@ their own segment) is masked on that dim, so no address outside the tensor is re
 its input per element with `tl.where` on the output index, so the masked-off values are never
 used. Concat is then a pointwise op of its inputs with shifted indices, fused with what it feeds
 and what feeds it (RoPE's rotate-half, chunk -> silu(a) * b, ...).
+
+A constant pad reads its input at `i - before` along each padded dim (negative pads crop: the
+shift goes the other way) and is `tl.where(index inside the input, input value, pad value)`; the
+input's loads are masked outside it, so no padded buffer exists. Pooling (pad + strided slices +
+maximum / add, frontends/torch_ops_more) is then one kernel reading the pooled tensor directly.
 """
 
 from __future__ import annotations

@@ -124,6 +124,9 @@ class LayoutDecision:
     entry_copies: list[str] = field(default_factory=list)
     converted_in_conv: list[str] = field(default_factory=list)
     exit_copies: list[str] = field(default_factory=list)
+    # KCRS weights that are graph inputs (a model's parameters) with R*S > 1: the convolution call
+    # re-lays each out as KRSC (a small copy per call; a channels_last model has none)
+    weights_converted_in_conv: list[str] = field(default_factory=list)
     boundary_bytes: int = 0                       # what the NHWC choice moves at the edges
     nchw_bytes: int = 0                           # the transposes NCHW tensor-core convolutions cost
     reason: str = ""
@@ -135,7 +138,8 @@ class LayoutDecision:
             return head
         return (f"{head}; copies in: {', '.join(self.entry_copies) or 'none'}; converted inside the conv "
                 f"call: {', '.join(self.converted_in_conv) or 'none'}; copies out: "
-                f"{', '.join(self.exit_copies) or 'none'}")
+                f"{', '.join(self.exit_copies) or 'none'}; weights re-laid out inside the conv call: "
+                f"{', '.join(self.weights_converted_in_conv) or 'none'}")
 
 
 class _Regions:
@@ -285,9 +289,23 @@ def _decide(region: list[Node], convs: list[Node], users: dict[int, list[Node]],
         decision.entry_copies = [n.name for n in entries if not _single_conv_reader(n, users)]
         decision.converted_in_conv = [n.name for n in entries if _single_conv_reader(n, users)]
         decision.exit_copies = [n.name for n in exits]
+        decision.weights_converted_in_conv = list(dict.fromkeys(w.name for w in map(_conv_weight, convs)
+                                                                if w is not None and _converted_weight(w)))
     else:
         decision.reason = f"boundary copies would move {boundary} B > {nchw} B of transposes kept in NCHW"
     return decision
+
+
+def _conv_weight(conv: Node) -> Node | None:
+    k = CONV_WEIGHT_OPERAND.get(conv.op)
+    return conv.inputs[k] if k is not None else None
+
+
+def _converted_weight(w: Node) -> bool:
+    """A KCRS weight read per call (not a constant, which is re-laid out at build time) whose KRSC
+    layout differs in memory (R*S > 1; a 1x1 kernel's strides agree)."""
+    return (w.op != "constant" and not w.multi_output and w.spec.rank == 4 and w.shape[2] * w.shape[3] > 1
+            and not already_nhwc(w))
 
 
 def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outputs: set[int]) -> Graph:
