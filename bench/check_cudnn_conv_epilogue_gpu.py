@@ -91,7 +91,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def block_graph(n: int, c: int, hw: int, k: int, r: int, s: int, residual: str) -> fg.Graph:
     g = fg.Graph(name="conv_bn_block", compute_dtype="float32")
     x = g.tensor((n, c, hw, hw), dtype="bfloat16", name="x", layout="NHWC")
-    w = g.tensor((k, c, r, r), dtype="bfloat16", name="w")
+    w = g.tensor((k, c, r, r), dtype="bfloat16", name="w", layout="NHWC")   # channels-last, as the data
     bn = [g.tensor((k,), dtype="bfloat16", name=nm) for nm in ("mean", "var", "gamma", "beta")]
     y = g.batch_norm(g.conv2d(x, w, stride=s, padding=r // 2), *bn, eps=1e-5)
     out_hw = (hw + 2 * (r // 2) - r) // s + 1
