@@ -117,6 +117,10 @@ class _Stack(nn.Module):
         return self.ln_f(x)
 
 
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
 def _train_step(layers: int) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
     """(backward kernels' "kind/backend: op+op" lines, compiled grads, eager grads) of one step."""
     torch.manual_seed(0)
@@ -124,11 +128,11 @@ def _train_step(layers: int) -> tuple[list[str], list[torch.Tensor], list[torch.
     x = torch.randn(2, 8, 32)
     projection = torch.randn(2, 8, 32)   # a well-conditioned loss: sum(out * projection)
     (model(x) * projection).sum().backward()
-    eager = [p.grad.clone() for p in model.parameters()]
+    eager = _grads(model)
     model.zero_grad(set_to_none=True)
     compiled = fg.compile(model)
     (compiled(x) * projection).sum().backward()
-    grads = [p.grad for p in model.parameters()]
+    grads = _grads(model)
     lines = [line for rec in compiled.fusegraph_report.graphs if rec.kind == "backward"
              for p in rec.partitions for line in p.kernel_ops]
     torch._dynamo.reset()
@@ -146,6 +150,7 @@ def _chain(line: str) -> int:
 
 def test_backward_of_a_residual_stack_matches_eager(steps: dict[int, Any]) -> None:
     for layers, (_, grads, eager) in steps.items():
+        assert len(grads) == len(eager) == 7 * layers + 2
         for k, (got, want) in enumerate(zip(grads, eager, strict=True)):
             assert_close(got, want, tol=1e-4, what=f"{layers} layers, grad {k}")
 

@@ -1,15 +1,16 @@
 """The partitioner: group a primitive graph's nodes into kernels by iteration space.
 
 Every kernel has a Domain: the full index space F it iterates and the dims D it reduces
-(D = () for a pointwise kernel). Pointwise nodes are never materialized on their own: they are
-inlined as expressions into every kernel that needs them. What touches memory is only what
-crosses a kernel boundary: graph outputs, reductions used by another kernel, and the inputs of
-ops without code generation ("library" nodes, run by their torch reference).
+(D = () for a pointwise kernel). Pointwise nodes are inlined as expressions into every kernel that
+needs them, unless rebuilding one in each of them reads more bytes than storing it once
+(fusion/recompute.py: then it is materialized). What touches memory is only what crosses a kernel
+boundary: graph outputs, reductions used by another kernel, materialized pointwise values, and the
+inputs of ops without code generation ("library" nodes, run by their torch reference).
 
-Grouping starts from "anchors" (graph outputs, reductions, library inputs), each its own group,
-and merges an anchor into the group that produces what it reads when the domains agree (same F;
-a pointwise store of shape F or of a row shape joins a reduction over F) and the kernel graph
-stays acyclic. Inside a kernel each value is placed by an Embedding: for each of its dims, the
+Grouping starts from "anchors" (graph outputs, reductions, library inputs, materialized values),
+each its own group, and merges an anchor into the group that produces what it reads when the
+domains agree (same F; a pointwise store of shape F or of a row shape joins a reduction over F)
+and the kernel graph stays acyclic. Inside a kernel each value is placed by an Embedding: for each of its dims, the
 dim of F it indexes (None where it is broadcast), so broadcasting is index arithmetic.
 """
 
@@ -339,12 +340,12 @@ def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
     (fusion/views.py): like library nodes, they read a materialized input and are read as loads.
     Pointwise values that several kernels would each rebuild at a higher cost in bytes than
     storing them once become kernel results (fusion/recompute.py), and the graph is grouped again."""
-    from .recompute import worth_materializing
+    from .recompute import kernels_on_cycles, worth_materializing
 
     materialized: set[int] = set()
     for round_ in range(MATERIALIZE_ROUNDS):
         groups, library, ancestors = _group(graph, set(aliases), materialized)
-        while cyclic := {a.id for g in _kernels_on_cycles(groups, library) for a in g.anchors} & materialized:
+        while cyclic := {a.id for g in kernels_on_cycles(groups, library) for a in g.anchors} & materialized:
             materialized -= cyclic   # a materialized value whose kernel landed on a cycle stays inlined
             groups, library, ancestors = _group(graph, set(aliases), materialized)
         more = worth_materializing(groups, graph) if round_ + 1 < MATERIALIZE_ROUNDS else set()
@@ -354,33 +355,6 @@ def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
     external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
     groups = _pair_rows_with_columns(groups, ancestors, external)
     return Partition(_schedule(groups, library, graph))
-
-
-def _kernels_on_cycles(groups: list[KernelGroup], library: list[Node]) -> list[KernelGroup]:
-    """Groups that (through other kernels) read what they write. The merges' ancestry check
-    (_cyclic) does not see a kernel that writes v and reads a value of another kernel that reads
-    v without depending on it; this catches that, for the kernels of materialized values."""
-    producer: dict[int, KernelGroup | Node] = {n.id: n for n in library}
-    for g in groups:
-        for a in g.anchors:
-            producer[a.id] = g
-    deps: dict[int, set[int]] = {}
-    for item in [*groups, *library]:
-        reads = [e.node.id for e in item.loads] if isinstance(item, KernelGroup) else [i.id for i in item.inputs]
-        deps[id(item)] = {id(producer[r]) for r in reads if r in producer and producer[r] is not item}
-    on_cycle = []
-    for g in groups:
-        seen: set[int] = set()
-        stack = list(deps[id(g)])
-        while stack:
-            k = stack.pop()
-            if k == id(g):
-                on_cycle.append(g)
-                break
-            if k not in seen:
-                seen.add(k)
-                stack.extend(deps[k])
-    return on_cycle
 
 
 def _group(graph: Graph, aliases: set[int],

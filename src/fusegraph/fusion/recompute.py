@@ -105,3 +105,31 @@ def _reads(starts: list[Entry], by_key: dict[str, Entry], nid: int, chosen: set[
             continue
         stack.extend(by_key[a] for a in e.args)
     return out
+
+
+def kernels_on_cycles(groups: list[KernelGroup], library: list[Node]) -> list[KernelGroup]:
+    """Groups that (through other kernels) read what they write. The merges' ancestry check
+    (_cyclic) does not see a kernel that writes v and reads a value of another kernel that reads
+    v without depending on it; this catches that, for the kernels of materialized values."""
+    producer: dict[int, KernelGroup | Node] = {n.id: n for n in library}
+    for g in groups:
+        for a in g.anchors:
+            producer[a.id] = g
+    deps: dict[int, set[int]] = {}
+    for g in groups:
+        deps[id(g)] = {id(producer[e.node.id]) for e in g.loads if e.node.id in producer} - {id(g)}
+    for n in library:
+        deps[id(n)] = {id(producer[i.id]) for i in n.inputs if i.id in producer} - {id(n)}
+    on_cycle = []
+    for g in groups:
+        seen: set[int] = set()
+        stack = list(deps[id(g)])
+        while stack:
+            k = stack.pop()
+            if k == id(g):
+                on_cycle.append(g)
+                break
+            if k not in seen:
+                seen.add(k)
+                stack.extend(deps[k])
+    return on_cycle
