@@ -70,7 +70,8 @@ def main() -> None:
         row["floor ms"] = n * k * 2 / 4.8e12 * 1e3
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\n{'gemm':10s} {'MB':>6s} {'chosen':8s} {'plan iso':>9s} {'mm iso':>8s} {'plan str':>9s} {'mm str':>8s} {'floor':>7s}")
+    print(f"\n{'gemm':10s} {'MB':>6s} {'chosen':8s} {'plan iso':>9s} {'mm iso':>8s} {'plan str':>9s} "
+          f"{'mm str':>8s} {'floor':>7s}")
     for r in rows:
         print(f"{r['gemm']:10s} {r['weight_MB']:6.1f} {r['chosen']:8s} {r['plan isolated ms']:9.4f} "
               f"{r['torch.mm isolated ms']:8.4f} {r['plan streaming ms']:9.4f} {r['torch.mm streaming ms']:8.4f} "
