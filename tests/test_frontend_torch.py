@@ -468,6 +468,9 @@ ZOO_OP_ROWS: list[tuple[str, Any, tuple[torch.Tensor, ...], str]] = [
     ("all of a float tensor", lambda x: x * x.all(), (rand(2, 3),), "aten.all.default"),
     ("fmod scalar keeps the sign of a", lambda x: torch.fmod(x * 7, 3) + 1, (rand(4, 5),), "aten.fmod.Scalar"),
     ("fmod tensor", lambda a, b: torch.fmod(a * 5, b.abs() + 0.5), (rand(3, 4), rand(3, 4)), "aten.fmod.Tensor"),
+    # copy_ into an intermediate (swin_t writes its shifted-window mask this way): functional aten.copy
+    ("copy_ broadcast", lambda a, b: torch.empty_like(a).copy_(b[0]) * a, (rand(3, 4), rand(2, 4)),
+     "aten.copy.default"),
 ]
 
 
@@ -549,3 +552,32 @@ def test_training_recomputes_cheap_pointwise_chains_in_the_backward():
         assert all(p.status == "fusegraph" for p in forward.partitions + backward.partitions)
         nodes[recompute] = backward.nodes
     assert nodes[True] > nodes[False], nodes
+
+
+def test_host_to_device_copy_is_supported_other_mixed_device_ops_are_not():
+    """swin_t fills slices of a CUDA attention mask from CPU scalar tensors (aten.copy with a CPU
+    source): supported (the partition moves CPU inputs to its device); a CPU source computed by a
+    non-scalar op, or any other op mixing devices, is not. Fake CUDA tensors: no GPU needed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusegraph.frontends.torch_partition import unsupported_reason
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    dst, src = g.placeholder("dst"), g.placeholder("src")
+    scalar = g.call_function(aten.scalar_tensor.default, (3.0,))
+    cpu_sum = g.call_function(aten.add.Tensor, (src, src))
+    nodes = {"copy of a CPU scalar": g.call_function(aten.copy.default, (dst, scalar)),
+             "copy of a CPU input": g.call_function(aten.copy.default, (dst, src)),
+             "copy of a CPU intermediate": g.call_function(aten.copy.default, (dst, cpu_sum)),
+             "mul by a CPU scalar": g.call_function(aten.mul.Tensor, (dst, scalar))}
+    with FakeTensorMode():
+        dst.meta["val"] = torch.empty(4, 4, device="cuda")
+        src.meta["val"] = cpu_sum.meta["val"] = torch.empty(4, 4)
+        scalar.meta["val"] = torch.empty(())
+        for node in nodes.values():
+            node.meta["val"] = torch.empty(4, 4, device="cuda")
+    reasons = {name: unsupported_reason(node) for name, node in nodes.items()}
+    assert reasons["copy of a CPU scalar"] is None and reasons["copy of a CPU input"] is None
+    assert "several devices" in str(reasons["copy of a CPU intermediate"])
+    assert "several devices" in str(reasons["mul by a CPU scalar"])

@@ -89,10 +89,30 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     if problem:
         return problem
     devices = {v.device.type for v in _tensor_vals(node)}
-    if len(devices) > 1:
+    if len(devices) > 1 and not _host_to_device_copy(node):
         return f"tensors on several devices ({', '.join(sorted(devices))}), e.g. a CPU scalar tensor"
     check = SUPPORTS.get(node.target)
     return check(node) if check is not None else None
+
+
+DEVICE_TRANSFERS = (aten.copy.default, aten._to_copy.default)
+
+
+def _host_to_device_copy(node: torch.fx.Node) -> bool:
+    """A copy onto an accelerator whose CPU operands are graph inputs, graph-owned tensors or 0-dim
+    values (torchvision's swin_t fills slices of a CUDA attention mask from CPU scalar tensors): the
+    partition moves CPU inputs to its device per call (graph-owned ones become constants on it at
+    build; a 0-dim value computed in the partition is computed on its device), so the copy is an
+    ordinary on-device copy inside the Plan."""
+    own = node.meta.get("val")
+    if node.target not in DEVICE_TRANSFERS or not isinstance(own, torch.Tensor) or own.device.type == "cpu":
+        return False
+    for arg in node.all_input_nodes:
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0 and \
+                arg.op not in ("placeholder", "get_attr"):
+            return False
+    return True
 
 
 def _own_vals(node: torch.fx.Node) -> Any:
