@@ -102,6 +102,9 @@ _register("tune_gemm_pair_floor_us", int, lambda: 2,
 _register("gemm_library_max_m", int, lambda: 16,
           "On a GPU, GEMMs with at most this many rows (decode-step GEMVs streaming their weights) run in "
           "cuBLAS untimed (our kernels streamed weights slower there; isolated timing could not tell). 0: off.")
+_register("pad_align", bool, lambda: True,
+          "Misaligned GEMM operands made inside a plan get padded row strides (passes/pad_align.py); off "
+          "builds without the pass.")
 _register("recompute", bool, lambda: False,
           "Training graphs: split forward/backward with AOTAutograd's min-cut rematerialization partitioner "
           "(recompute cheap pointwise chains in the backward instead of saving them; off by default: slower in "

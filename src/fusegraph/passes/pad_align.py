@@ -28,13 +28,12 @@ values that already carry a layout. Rows of at least WIDE_MIN_ROW_BYTES are alig
 (a cache line, as Inductor does), shorter ones to 16; rows that padding would grow by more than
 MAX_GROWTH are left alone.
 
-Set `pad_align.ENABLED = False` (or FUSEGRAPH_PAD_ALIGN=0) to build without it (bench/pad_align_gpu.py).
+Setting pad_align (FUSEGRAPH_PAD_ALIGN=0, or `pad_align_disabled()`) builds without it (bench/pad_align_gpu.py).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMPOSITE, MATMUL, POINTWISE, SOURCE, VIEW, get_op
 from ..ir.spec import TensorSpec
+from ..settings import override, settings
 from .base import graph_pass
 
 ALIGN_BYTES = 16            # cuBLAS's aligned (align8 bf16) kernels and TMA descriptors need this
@@ -56,18 +56,13 @@ PAD_RESULTS = False         # also pad GEMM results no GEMM reads (measured slow
 EPILOGUE_DEPTH = 4          # with PAD_RESULTS: same-shape pointwise steps after a GEMM padded too
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 RATE_KEYS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-ENABLED = os.environ.get("FUSEGRAPH_PAD_ALIGN", "1") not in ("0", "false", "False", "")
 
 
 @contextmanager
 def pad_align_disabled() -> Iterator[None]:
-    """Build without the pass inside this block (benchmarks compare both)."""
-    global ENABLED
-    before, ENABLED = ENABLED, False
-    try:
+    """Build without the pass inside this block (benchmarks compare both): settings.pad_align off."""
+    with override(pad_align=False):
         yield
-    finally:
-        ENABLED = before
 
 
 def padded_row(length: int, itemsize: int) -> int | None:
@@ -283,6 +278,6 @@ def _rewrite(graph: Graph, pads: dict[int, tuple[int, ...]], copies: dict[int, _
 @graph_pass("pad_align")
 def pad_align(graph: Graph) -> Graph:
     """Aligned (padded) row strides for misaligned GEMM operands and results; input copies by cost."""
-    if not ENABLED:
+    if not settings.pad_align:
         return graph
     return pad_align_graph(graph)
