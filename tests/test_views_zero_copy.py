@@ -56,11 +56,12 @@ def test_block_inference_kernels_and_numerics(dtype: torch.dtype) -> None:
     assert not any(k.startswith("pointwise/") for k in kernels), kernels
 
 
-def test_block_training_gradients_match_eager() -> None:
+def train_and_compare(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
+    """One backward of `model` through fg.compile on a random input and output gradient: output,
+    parameter and input gradients match eager (fp32, 1e-4); the compiled module."""
     torch.manual_seed(0)
-    model = Block(64, 4)
-    x = torch.randn(2, 16, 64, requires_grad=True)
-    grad = torch.randn(2, 16, 64)
+    x = torch.randn(*shape, requires_grad=True)
+    grad = torch.randn(*shape)
     torch._dynamo.reset()
     compiled = fg.compile(model)
     out = compiled(x)
@@ -70,10 +71,15 @@ def test_block_training_gradients_match_eager() -> None:
     x.grad = None
     want_out = model(x)
     want_out.backward(grad)
-    want = [p.grad for p in model.parameters()] + [x.grad]
     assert_close(out, want_out, tol=1e-4)
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip(got, [p.grad for p in model.parameters()] + [x.grad], strict=True):
         assert_close(g, w, tol=1e-4)
+    return compiled
+
+
+def test_block_training_gradients_match_eager() -> None:
+    torch.manual_seed(0)
+    compiled = train_and_compare(Block(64, 4), (2, 16, 64))
     kernels = kernel_lists(compiled)
     fwd = kernels["forward"]
     # the forward's GEMM epilogues fuse as in inference; q/k/v and the attention output are saved
@@ -103,19 +109,7 @@ def test_attention_gradients_feed_the_qkv_gradient_as_views() -> None:
     """dq/dk/dv are laid out [B, T, H, D] (views.attention_grad_layouts), so their transpose + reshape
     into the concatenated qkv gradient are views: no library reshape copies after the attention."""
     torch.manual_seed(0)
-    model = SplitHeadsAttention()
-    x = torch.randn(2, 8, 32, requires_grad=True)
-    grad = torch.randn(2, 8, 32)
-    torch._dynamo.reset()
-    compiled = fg.compile(model)
-    out = compiled(x)
-    out.backward(grad)
-    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
-    model.zero_grad()
-    x.grad = None
-    model(x).backward(grad)
-    for g, w in zip(got, [p.grad for p in model.parameters()] + [x.grad], strict=True):
-        assert_close(g, w, tol=1e-4)
+    compiled = train_and_compare(SplitHeadsAttention(), (2, 8, 32))
     bwd = kernel_lists(compiled)["backward"]
     assert any(k.startswith("attention/") for k in bwd), bwd
     assert not [k for k in bwd if k.endswith(": reshape")], bwd
