@@ -25,7 +25,7 @@ from .ir.graph import Graph
 from .ir.node import Node
 from .ir.registry import RANDOM, Cost, get_op
 from .reference import run_node
-from .runtime.kernel import Kernel
+from .runtime.kernel import Kernel, in_strides
 from .runtime.launch import TritonLaunch
 from .settings import settings
 from .tune.build_profile import kernels_built, mark, timed_stage
@@ -167,12 +167,9 @@ def reference_launch(group: KernelGroup, compute_dtype: str) -> Any:
 def in_spec_strides(value: torch.Tensor, node: Node) -> torch.Tensor:
     """`value` in the memory strides of `node`'s spec (what the generated kernels reading it assume:
     NHWC, a padded row of passes/pad_align.py, row-major otherwise); copied only when they differ."""
-    want = node.spec.memory_strides
-    if value.dim() != len(want) or tuple(value.shape) != tuple(node.shape):
+    if tuple(value.shape) != tuple(node.shape):
         return value.contiguous()
-    if all(g == w for g, w, size in zip(value.stride(), want, value.shape, strict=True) if size > 1):
-        return value
-    return torch.empty_strided(value.shape, want, dtype=value.dtype, device=value.device).copy_(value)
+    return in_strides(value, node.spec.memory_strides)
 
 
 def row_column_kernels(pair: RowColumnGroup, name: str, compute_dtype: str, device: str,

@@ -25,7 +25,7 @@ from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
 from ..reference import run_node
-from ..runtime.kernel import Kernel
+from ..runtime.kernel import Kernel, in_strides
 from ..settings import settings
 from . import cudnn, cudnn_frontend
 
@@ -112,9 +112,7 @@ def in_spec_strides(node: Node, launch: Any) -> Any:
     dense = [s.memory_strides for s in node.specs]
 
     def fix(t: Any, strides: tuple[int, ...]) -> Any:
-        if not isinstance(t, torch.Tensor) or t.stride() == strides or t.numel() <= 1:
-            return t
-        return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+        return in_strides(t, strides) if isinstance(t, torch.Tensor) and t.numel() > 1 else t
 
     def launch_dense(args: Sequence[torch.Tensor]) -> list[Any]:
         results = launch(args)

@@ -17,6 +17,7 @@ import torch
 from ..fusion.epilogue import MatmulGroup
 from ..ir.spec import contiguous_strides
 from ..ops.linalg import exact_fp32_matmul
+from ..runtime.kernel import in_strides
 
 LaunchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -45,8 +46,7 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool,
             with exact_fp32_matmul():
                 return torch.mm(lhs, rhs, out=out)
         return torch.mm(lhs, rhs, out=out)
-    product = torch_matmul(a, b, trans_a, trans_b)
-    return torch.empty_strided(product.shape, strides, dtype=product.dtype, device=product.device).copy_(product)
+    return in_strides(torch_matmul(a, b, trans_a, trans_b), strides)
 
 
 def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Sequence[LaunchFn] = ()) -> LaunchFn:
@@ -69,9 +69,7 @@ def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Seq
             product = matmul_into(args[ia], args[ib], ta, tb, dense)
         else:
             product = torch_matmul(args[ia], args[ib], ta, tb)
-        if product.stride() != dense and product.numel() > 1:   # consumers read the spec's strides
-            product = torch.empty_strided(product.shape, dense, dtype=product.dtype,
-                                          device=product.device).copy_(product)
+        product = in_strides(product, dense)   # consumers read the spec's strides
         outs = [product] if epilogue is None else list(
             epilogue([product if is_product else args[k] for is_product, k in epi_args]))
         for run, where in zip(reductions, red_args, strict=True):

@@ -14,6 +14,14 @@ from ..ir.registry import Cost
 LaunchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 
+def in_strides(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    """`t` laid out with `strides` (what a consumer compiled for a spec's strides reads): `t` itself
+    when it already is (strides of size-1 dims do not matter), else a copy into such a buffer."""
+    if t.dim() == len(strides) and all(s == w for s, w, n in zip(t.stride(), strides, t.shape, strict=True) if n > 1):
+        return t
+    return torch.empty_strided(t.shape, tuple(strides), dtype=t.dtype, device=t.device).copy_(t)
+
+
 @dataclass
 class Kernel:
     name: str
