@@ -166,9 +166,9 @@ def main() -> None:
     T.S.device = "cuda"
     from zoo_models import ensure_torchvision_importable
     ensure_torchvision_importable()
-    buf = io.StringIO()
-    for group in args.only.split(","):
-        with redirect_stdout(buf):
+    out_file = open(os.path.join(os.environ["OUT"], "profile_targets.txt"), "a") if os.environ.get("OUT") else None  # noqa: SIM115
+    with redirect_stdout(_Tee(sys.stdout, out_file)):   # written as it goes: a timeout keeps what was measured
+        for group in args.only.split(","):
             try:
                 if group == "gpt2_train":
                     gpt2_train(args.rows, args.gpt2_batch)
@@ -181,14 +181,20 @@ def main() -> None:
             except Exception as exc:  # report and go on with the next group
                 import traceback
                 print(f"!! {group} failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        sys.stdout.write(buf.getvalue())
-        sys.stdout.flush()
-        if os.environ.get("OUT"):
-            with open(os.path.join(os.environ["OUT"], "profile_targets.txt"), "a") as f:
-                f.write(buf.getvalue())
-        buf.seek(0)
-        buf.truncate()
 
+
+class _Tee(io.TextIOBase):
+    """stdout that also appends to a file, flushing both on every write."""
+
+    def __init__(self, stream: Any, file: Any) -> None:
+        self.stream, self.file = stream, file
+
+    def write(self, text: str) -> int:
+        for target in (self.stream, self.file):
+            if target is not None:
+                target.write(text)
+                target.flush()
+        return len(text)
 
 if __name__ == "__main__":
     main()
