@@ -18,11 +18,14 @@ graphs. Anything it cannot decide is left alone.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..settings import settings
 
 SDPA_OPS = frozenset({
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
@@ -51,7 +54,10 @@ def rewrite_causal_masks(gm: fx.GraphModule) -> int:
             continue
         query, key = _get(node, names, "query"), _get(node, names, "key")
         if mask not in verdicts:
-            verdicts[mask] = _is_constant_causal(gm, mask, _seq_len(query), _seq_len(key))
+            why_not = _why_not_constant_causal(gm, mask, _seq_len(query), _seq_len(key))
+            verdicts[mask] = why_not is None
+            if why_not is not None and settings.debug >= 1:
+                print(f"[fusegraph] causal mask: {node.name} keeps its mask {mask.name}: {why_not}", file=sys.stderr)
         if not verdicts[mask]:
             continue
         _set(node, names, mask_name, None)
@@ -88,25 +94,27 @@ def _seq_len(node: Any) -> int | None:
     return int(val.shape[-2]) if isinstance(val, torch.Tensor) and val.dim() >= 2 else None
 
 
-def _is_constant_causal(gm: fx.GraphModule, mask: fx.Node, sq: int | None, sk: int | None) -> bool:
+def _why_not_constant_causal(gm: fx.GraphModule, mask: fx.Node, sq: int | None, sk: int | None) -> str | None:
+    """None when `mask` is a compile-time constant equal to the causal triangle; else why not."""
     if sq is None or sk is None:
-        return False
+        return "query or key without a known shape"
     val = mask.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.numel() > MAX_MASK_ELEMENTS:
-        return False
-    order = _constant_ancestors(mask)
+        return "not a tensor of at least 2 dims and at most 2**26 elements"
+    order, culprit = _constant_ancestors(mask)
     if order is None:
-        return False
+        return f"depends on {culprit} (a graph input or a nondeterministic op)"
     try:
         with unset_fake_temporarily():
             value = _evaluate(gm, order)[mask]
-            return _is_causal_value(value, sq, sk)
-    except Exception:  # a subgraph we cannot run here is simply left as it is
-        return False
+            return None if _is_causal_value(value, sq, sk) else "its value is not the causal triangle"
+    except Exception as err:  # a subgraph we cannot run here is simply left as it is
+        return f"could not be evaluated at compile time ({type(err).__name__}: {str(err)[:200]})"
 
 
-def _constant_ancestors(mask: fx.Node) -> list[fx.Node] | None:
-    """The mask's ancestors in graph order, or None when one is a graph input or not deterministic."""
+def _constant_ancestors(mask: fx.Node) -> tuple[list[fx.Node] | None, str]:
+    """The mask's ancestors in graph order, or (None, the node's name) when one is a graph input or
+    not deterministic."""
     seen: set[fx.Node] = set()
     stack = [mask]
     while stack:
@@ -115,14 +123,14 @@ def _constant_ancestors(mask: fx.Node) -> list[fx.Node] | None:
             continue
         seen.add(n)
         if n.op == "placeholder" or n.op not in ("call_function", "get_attr"):
-            return None
+            return None, f"{n.op} {n.name}"
         if n.op == "call_function" and (not isinstance(n.target, torch._ops.OpOverload) and
                                         not callable(n.target)):
-            return None
+            return None, f"{n.name} ({n.target})"
         if isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags:
-            return None
+            return None, f"{n.name} ({n.target})"
         stack.extend(n.all_input_nodes)
-    return [n for n in mask.graph.nodes if n in seen]
+    return [n for n in mask.graph.nodes if n in seen], ""
 
 
 def _evaluate(gm: fx.GraphModule, order: list[fx.Node]) -> dict[fx.Node, Any]:

@@ -188,8 +188,9 @@ class Session:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
             with unset_fake_temporarily(), self._build_settings():
-                if kind == "inference":   # training graphs: done on the joint graph (partition_fn)
-                    rewrite_causal_masks(gm)
+                # training graphs had it on the joint graph (partition_fn); again here in case that
+                # one could not decide (a no-op when it did)
+                rewrite_causal_masks(gm)
                 split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition,
                                                 static_input_indices(kind))
             self.report.graphs.append(record)
