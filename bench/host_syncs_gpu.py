@@ -75,15 +75,40 @@ def report(step: T.TrainStep, rows: int) -> str:
     return "\n".join(lines)
 
 
+def host_profile(step: T.TrainStep, rows: int) -> str:
+    """cProfile of 5 steps (after warm-up): where the host's Python time goes, by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    return "host Python profile of 5 steps:\n" + out.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rows", type=int, default=20)
+    parser.add_argument("--cprofile", action="store_true", help="also: Python functions by host time over 5 steps")
     args = parser.parse_args()
     T.S.device = "cuda"
+    step = gpt2_step(args.layers, args.batch)
     text = f"== GPT-2 train step, {args.layers} layers, batch {args.batch}x1024, fusegraph default\n" + \
-        report(gpt2_step(args.layers, args.batch), args.rows)
+        report(step, args.rows)
+    if args.cprofile:
+        text += "\n\n" + host_profile(step, args.rows * 2)
     print(text)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "host_syncs.txt"), "a") as f:

@@ -107,7 +107,8 @@ def _why_not_constant_causal(gm: fx.GraphModule, mask: fx.Node, sq: int | None, 
     try:
         with unset_fake_temporarily():
             value = _evaluate(gm, order)[mask]
-            return None if _is_causal_value(value, sq, sk) else "its value is not the causal triangle"
+            return None if _is_causal_value(value, sq, sk) else \
+                f"its value is not the causal triangle ({_describe(value, sq, sk)})"
     except Exception as err:  # a subgraph we cannot run here is simply left as it is
         return f"could not be evaluated at compile time ({type(err).__name__}: {str(err)[:200]})"
 
@@ -164,3 +165,20 @@ def _is_causal_value(value: torch.Tensor, sq: int, sk: int) -> bool:
     visible = visible.expand(*visible.shape[:-2], sq, sk)
     causal = torch.ones(sq, sk, dtype=torch.bool, device=visible.device).tril()
     return bool((visible == causal).all())
+
+
+def _describe(value: torch.Tensor, sq: int, sk: int) -> str:
+    """Shape, dtype, value range and the first position that differs from the triangle, for the debug log."""
+    text = f"{value.dtype} {list(value.shape)} strides {value.stride()}"
+    try:
+        flat = value.float()
+        text += f", min {flat.min().item():.3g} max {flat.max().item():.3g}"
+        visible = value if value.dtype == torch.bool else value > torch.finfo(value.dtype).min / 2
+        visible = visible.expand(*visible.shape[:-2], sq, sk)
+        causal = torch.ones(sq, sk, dtype=torch.bool, device=visible.device).tril()
+        wrong = (visible != causal).nonzero()
+        if len(wrong):
+            text += f", {len(wrong)} positions differ, first {wrong[0].tolist()}"
+    except Exception as err:  # only a description
+        text += f" ({type(err).__name__})"
+    return text
