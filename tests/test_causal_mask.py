@@ -35,8 +35,12 @@ class MaskedAttention(nn.Module):
             visible = visible & pad[:, None, None, :]
         if self.mask_kind == "float":
             return torch.zeros(visible.shape, device=x.device).masked_fill(~visible, float("-inf"))
+        if self.mask_kind == "fp16min":                            # HF under autocast: float16's min
+            return torch.zeros(visible.shape, device=x.device).masked_fill(~visible, torch.finfo(torch.float16).min)
         if self.mask_kind == "bias":                               # a real additive bias
             return torch.where(visible, 0.5, float("-inf"))
+        if self.mask_kind == "soft":                               # a large but finite penalty: a bias
+            return torch.zeros(visible.shape, device=x.device).masked_fill(~visible, -100.0)
         return visible
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,7 +78,7 @@ def _train_and_check(kind: str, pad: torch.Tensor | None = None) -> list[dict[st
     return _attention_attrs(compiled)
 
 
-@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("kind", ["bool", "float", "fp16min"])
 def test_constant_causal_mask_becomes_is_causal_in_forward_and_backward(kind: str):
     torch._dynamo.reset()
     attrs = _train_and_check(kind)
@@ -82,7 +86,7 @@ def test_constant_causal_mask_becomes_is_causal_in_forward_and_backward(kind: st
     assert all(a["is_causal"] and not a["has_mask"] for a in attrs), attrs
 
 
-@pytest.mark.parametrize("kind", ["window", "shifted", "bias"])
+@pytest.mark.parametrize("kind", ["window", "shifted", "bias", "soft"])
 def test_other_constant_masks_stay_masks(kind: str):
     torch._dynamo.reset()
     attrs = _train_and_check(kind)

@@ -10,7 +10,8 @@ and flash's backward without a bias), and the backward cannot take the forward's
 argument depends on no graph input (no placeholder among its ancestors; deterministic ops only),
 evaluates that subgraph once at compile time with real tensors, and when the mask equals torch's
 is_causal triangle (top-left aligned: key j visible to query i iff j <= i, for every batch and head;
-a bool mask, or a float mask of 0 and -inf / the dtype's most negative values), replaces the mask by
+a bool mask, or a float mask of 0 and large negative values: -inf, the dtype's most negative value,
+-65504, -1e4; see HIDDEN_BELOW), replaces the mask by
 None and is_causal by True. The now unused mask subgraph is dropped. It runs on the joint graph
 before AOTAutograd partitions it (so the mask is not saved for the backward either) and on inference
 graphs. Anything it cannot decide is left alone.
@@ -34,6 +35,11 @@ SDPA_OPS = frozenset({
 })
 MASK_ARGS = ("attn_bias", "attn_mask")
 MAX_MASK_ELEMENTS = 1 << 26   # evaluating a larger mask at compile time is not worth it
+# An additive mask value at or below this hides its position exactly like -inf: softmax's exp(score - max
+# + bias) underflows to 0.0 in fp32 once the exponent is below about -104, which any bias <= -1e4 ensures
+# unless scores themselves differ by ~1e4. Masks use -inf, the dtype's most negative value, or, in Hugging
+# Face models under autocast, float16's -65504 stored in bfloat16; older models used -10000.
+HIDDEN_BELOW = -1e4
 
 
 def rewrite_causal_masks(gm: fx.GraphModule) -> int:
@@ -156,7 +162,7 @@ def _is_causal_value(value: torch.Tensor, sq: int, sk: int) -> bool:
     if value.dtype == torch.bool:
         visible = value
     elif value.is_floating_point():
-        hidden = value <= torch.finfo(value.dtype).min / 2    # -inf, or the dtype's most negative value
+        hidden = value <= HIDDEN_BELOW
         if not bool(((value == 0) | hidden).all()):
             return False                                      # a real bias, not only a mask
         visible = ~hidden
@@ -173,7 +179,7 @@ def _describe(value: torch.Tensor, sq: int, sk: int) -> str:
     try:
         flat = value.float()
         text += f", min {flat.min().item():.3g} max {flat.max().item():.3g}"
-        visible = value if value.dtype == torch.bool else value > torch.finfo(value.dtype).min / 2
+        visible = value if value.dtype == torch.bool else value > HIDDEN_BELOW
         visible = visible.expand(*visible.shape[:-2], sq, sk)
         causal = torch.ones(sq, sk, dtype=torch.bool, device=visible.device).tril()
         wrong = (visible != causal).nonzero()
