@@ -28,6 +28,7 @@ from fusegraph.perf.timing import device_time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets_gpu as T
+from zoo_models import ensure_torchvision_importable
 
 SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize",
               "aten::item", "aten::_local_scalar_dense", "cudaMemcpyAsync")
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true", help="also: Python functions by host time over 5 steps")
     args = parser.parse_args()
     T.S.device = "cuda"
+    ensure_torchvision_importable()
     step = gpt2_step(args.layers, args.batch)
     text = f"== GPT-2 train step, {args.layers} layers, batch {args.batch}x1024, fusegraph default\n" + \
         report(step, args.rows)

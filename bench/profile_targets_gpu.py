@@ -81,7 +81,8 @@ def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
                               "BLOCK_K", "SPLIT_K", "candidate", "backend", "USE_TMA")}
                     attrs = {a: v for a, v in k.nodes[0].attrs.items() if a in ("causal", "has_lse", "return_lse")} \
                         if k.kind == "attention" else ""
-                    masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else ""
+                    masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else \
+                        " in=" + " ".join(f"{list(i.shape)}/{list(i.spec.memory_strides)}" for i in k.nodes[0].inputs)
                     lines.append(f"   [{graph.kind}] {k.name} {k.kind}/{k.backend} {config} {attrs}{masked} "
                                  f"tuning={k.tuning} {k.note or ''}".rstrip())
     return "\n".join(lines)
