@@ -12,6 +12,10 @@ captured as CUDA graphs automatically when launch-bound (runtime/cuda_graph.py).
 builds every partition with cuda_graphs=True: each static partition on CUDA is replayed as one CUDA
 graph from its second call (inputs copied into the captured buffers, outputs cloned), whatever the
 estimate says; partitions that cannot be captured (CPU, a kernel that syncs) run kernel by kernel.
+Training graphs (forward and backward) use graph_outputs="reuse" instead of cloning: the forward's
+activations and the backward's gradients are the captured buffers (valid while the previous step's
+are no longer referenced, else that call runs kernel by kernel), and the backward reads the forward's
+captured activations in place (runtime/cuda_graph.py).
 Module parameters and buffers (AOTAutograd's fw_metadata.static_input_indices) that a partition
 reads directly are its static inputs: a captured graph reads them in place, not copied per call.
 """
@@ -33,6 +37,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..errors import UnsupportedError
 from ..settings import override, settings
 from .causal_mask import rewrite_causal_masks
+from .loss_rewrite import rewrite_log_softmax_for_backward
 from .torch_ops import native_ops
 from .torch_partition import GraphRecord, partition_graph, warn_fallback
 
@@ -67,6 +72,7 @@ def partition_fn() -> Callable[..., Any]:
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
+        rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
         return base(joint_module, joint_inputs, **kwargs)
 
     return partition
@@ -191,7 +197,7 @@ class Session:
                 # training graphs had it on the joint graph (partition_fn); again here in case that
                 # one could not decide (a no-op when it did)
                 rewrite_causal_masks(gm)
-                split, record = partition_graph(gm, kind, self._build_options(), self._warn_partition,
+                split, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
                                                 static_input_indices(kind))
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
@@ -205,10 +211,12 @@ class Session:
             return make_boxed_func(split)
         return compile_aten
 
-    def _build_options(self) -> dict[str, Any]:
+    def _build_options(self, kind: str = "inference") -> dict[str, Any]:
         options = dict(self.options)
         if self.mode == "reduce-overhead":
             options.setdefault("cuda_graphs", True)
+            if kind in ("forward", "backward"):   # activations and gradients: not cloned per step
+                options.setdefault("graph_outputs", "reuse")
         return options
 
     @contextlib.contextmanager

@@ -23,6 +23,18 @@ capture off everywhere. Not capturable: a Plan not on CUDA, without kernels, wit
 host_sync (reads a value back), or with an input whose strides overlap (cannot be copied into).
 The reason is kept on plan.cuda_graph_note (and printed under FUSEGRAPH_DEBUG >= 1).
 
+Outputs (graph_outputs): "copy" (the default) returns clones; "alias" returns the captured buffers
+themselves, which the next replay overwrites (the caller's promise to be done with them); "reuse"
+returns the captured buffers only while that is safe. For training graphs, whose forward returns
+every activation the backward saves (gigabytes: cloning them costs as much as the launches saved),
+a reuse plan checks before each replay that nothing outside it still references the previous call's
+outputs (the storages' use counts are back to what the plan itself holds) and otherwise runs that call
+kernel by kernel into fresh memory (correct; e.g. gradient accumulation keeping two forwards' activations
+alive). It captures on its second call rather than its first, so that a plan fed by another reuse plan
+(a backward reading its forward's saved activations) sees those captured buffers as its inputs: an
+input that lies in another reuse plan's outputs is read in place, like a static input (a call where it
+is elsewhere runs kernel by kernel), so no copy is made on either side.
+
 Capture happens on the first call whose inputs match the Plan: that call runs kernel by kernel
 (the warm-up: Triton compiles, libraries initialize) and returns its results; then the Plan is run
 once more on a side stream and captured there into a private memory pool. A capture that fails
@@ -46,8 +58,9 @@ from __future__ import annotations
 import sys
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,7 +73,7 @@ REPLAY_US = 5.0       # host time of one CUDAGraph.replay()
 GRAPH_NODE_US = 0.6   # device-side gap per kernel inside a replayed graph
 COPY_US = 5.0         # host time of one copy_ / clone launch
 
-GRAPH_OUTPUTS = ("copy", "alias")
+GRAPH_OUTPUTS = ("copy", "alias", "reuse")
 
 RunFn = Callable[[Sequence[Any]], list[Any]]
 
@@ -83,8 +96,9 @@ def log(message: str) -> None:
 
 def check_graph_outputs(value: str) -> str:
     if value not in GRAPH_OUTPUTS:
-        raise InvalidValueError(f"build option graph_outputs={value!r}: use 'copy' (fresh outputs, the default) "
-                                f"or 'alias' (the captured buffers, valid until the next call)")
+        raise InvalidValueError(f"build option graph_outputs={value!r}: use 'copy' (fresh outputs, the default), "
+                                f"'alias' (the captured buffers, valid until the next call) or 'reuse' (the "
+                                f"captured buffers while the caller holds none of the previous call's)")
     return value
 
 
@@ -177,10 +191,25 @@ class Captured:
     `by_reference` the positions of the static inputs."""
 
     graph: Any
-    static_inputs: list[torch.Tensor]
+    static_inputs: list[torch.Tensor | None]
     static_outputs: list[torch.Tensor]
     pool: Any
     by_reference: frozenset[int] = frozenset()
+    input_ptrs: list[int] = field(default_factory=list)   # each input buffer's address at capture
+
+    def __post_init__(self) -> None:
+        if not self.input_ptrs:
+            self.input_ptrs = [t.data_ptr() if t is not None else 0 for t in self.static_inputs]
+
+
+# The output storages of captured "reuse" plans (storage address -> its capture): another plan's input
+# found here is read in place. Weak: a dropped plan's entries go with it.
+_reused_outputs: weakref.WeakValueDictionary[int, Captured] = weakref.WeakValueDictionary()
+
+
+def reused_output(t: Any) -> bool:
+    """Is `t` (a view of) an output buffer of a captured reuse plan that is still alive?"""
+    return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in _reused_outputs
 
 
 def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: Collection[int] = ()) -> Captured:
@@ -213,16 +242,19 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
     with torch.cuda.graph(graph, pool=pool, stream=side):
         static_outputs = run_plain(static_inputs)
     current.wait_stream(side)
-    return Captured(graph, static_inputs, list(static_outputs), pool, by_reference)
+    return Captured(graph, list[torch.Tensor | None](static_inputs), list(static_outputs), pool, by_reference)
 
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
-                   alias_outputs: bool, name: str, moved: RunFn | None = None) -> tuple[RunFn, str]:
+                   alias_outputs: bool, name: str, moved: RunFn | None = None,
+                   live: RunFn | None = None) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
-    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), for the static inputs
-    a check that each is at its captured address (else the call goes to `moved`), one copy_ per other
-    input into the captured buffers, the replay, and the outputs (cloned unless aliased). Returns
-    the function and its source."""
+    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), for the inputs read
+    in place a check that each is at its captured address (else the call goes to `moved`), with
+    `live` (reuse outputs) a check that the previous call's outputs are no longer referenced (else
+    the call goes to `live`), one copy_ per other input into the captured buffers, the replay, and the
+    outputs (cloned unless aliased; with `live`, fresh tensor objects on the captured buffers, whose
+    references the next call's check counts). Returns the function and its source."""
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
@@ -232,86 +264,152 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
             raise ValueError("compile_replay: static inputs need a `moved` path")
         env["MOVED"] = moved
         for i in by_reference:
-            env[f"P{i}"] = captured.static_inputs[i].data_ptr()
+            env[f"P{i}"] = captured.input_ptrs[i]
         lines += [f"    if {' or '.join(f's{i}.data_ptr() != P{i}' for i in by_reference)}:",
                   "        return MOVED(inputs)"]
+    checks = []
+    if live is not None:
+        env.update(LIVE=live, USE=torch._C._storage_Use_Count)
+        for j, (cdata, _) in enumerate(output_storages(captured.static_outputs)):
+            env[f"C{j}"] = cdata
+            checks.append(j)
+        if checks:
+            lines += [f"    if {' or '.join(f'USE(C{j}) != B{j}' for j in checks)}:",
+                      "        return LIVE(inputs)"]
     # copy_ from an input that requires grad would make the captured buffer part of autograd's graph
     lines += ["    grad = GRAD_ON()", "    if grad:", "        SET_GRAD(False)", "    try:"]
     for i, buf in enumerate(captured.static_inputs):
-        env[f"I{i}"] = buf
         if i not in captured.by_reference:
+            env[f"I{i}"] = buf
             lines.append(f"        I{i}.copy_(s{i})")
     lines.append("        REPLAY()")
     results = []
     for j, out in enumerate(captured.static_outputs):
         env[f"O{j}"] = out
-        results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
+        results.append(f"O{j}.detach()" if live is not None else f"O{j}" if alias_outputs else f"O{j}.clone()")
     lines += [f"        return [{', '.join(results)}]",
               "    finally:", "        if grad:", "            SET_GRAD(True)"]
     source = "\n".join(lines)
+    # the baseline use counts: the references this plan itself holds (the captured outputs)
+    for j in checks:
+        env[f"B{j}"] = torch._C._storage_Use_Count(env[f"C{j}"])
     exec(compile(source, f"<plan {name} cuda graph>", "exec"), env)
     run: RunFn = env["run"]
     return run, source
 
 
+def output_storages(outputs: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    """(storage handle, storage address) of each distinct storage among `outputs`."""
+    seen: dict[int, int] = {}
+    for t in outputs:
+        storage = t.untyped_storage()
+        seen.setdefault(storage.data_ptr(), storage._cdata)
+    return [(cdata, ptr) for ptr, cdata in seen.items()]
+
+
 class GraphRunner:
     """A Plan's calls while capture is pending: the first matching call runs kernel by kernel, then
-    captures; from then on the Plan calls the generated replay function. `install` swaps the Plan's
-    per-call function; `capture_fn` is `capture` (tests put a stand-in here on CPU); `static_inputs`
-    the positions of the inputs captured by reference; `input_names` name them in warnings."""
+    captures (a reuse plan: on the second matching call); from then on the Plan calls the generated
+    replay function. `install` swaps the Plan's per-call function; `capture_fn` is `capture` (tests
+    put a stand-in here on CPU); `static_inputs` the positions of the inputs captured by reference;
+    `input_names` name them in warnings; `outputs` is the graph_outputs mode."""
 
     def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
                  guard: tuple[list[str], dict[str, Any]], alias_outputs: bool, install: Callable[[RunFn], None],
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
-                 input_names: Sequence[str] = ()) -> None:
+                 input_names: Sequence[str] = (), outputs: str | None = None) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
         self.matches = matches
         self.guard = guard
-        self.alias_outputs = alias_outputs
+        self.outputs = outputs or ("alias" if alias_outputs else "copy")
+        self.alias_outputs = self.outputs != "copy"
         self.install = install
         self.set_note = set_note
         self.static_inputs = frozenset(static_inputs)
         self.input_names = list(input_names) or [f"#{i}" for i in range(n_in)]
         self.captured: Captured | None = None
         self.replay_source = ""        # the generated per-call function once captured
-        self.moved_calls = 0           # calls run kernel by kernel: a static input was not the captured one
+        self.moved_calls = 0           # calls run kernel by kernel: an input read in place was elsewhere
+        self.live_calls = 0            # reuse: calls run kernel by kernel, the previous outputs still referenced
+        self.chained_inputs: frozenset[int] = frozenset()   # reuse: inputs read in another plan's outputs
         self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor], Collection[int]], Captured] = capture
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
-        """A call whose static input is not at its captured address: run kernel by kernel (copying it
-        into the captured memory would change the caller's earlier tensor)."""
+        """A call whose input read in place is not at its captured address: run kernel by kernel
+        (copying it into the captured memory would change the caller's earlier tensor)."""
         if self.moved_calls == 0 and self.captured is not None:
             names = [self.input_names[i] for i in sorted(self.static_inputs)
-                     if inputs[i].data_ptr() != self.captured.static_inputs[i].data_ptr()]
-            warnings.warn(f"fusegraph: plan {self.name}: static input(s) {', '.join(names)} are not the tensors "
-                          f"captured in the CUDA graph (another tensor, or its storage moved): such calls run "
-                          f"kernel by kernel (correct, slower); pass the same tensors, or do not declare them "
-                          f"static", CudaGraphWarning, stacklevel=4)
+                     if inputs[i].data_ptr() != self.captured.input_ptrs[i]]
+            if names:
+                warnings.warn(f"fusegraph: plan {self.name}: static input(s) {', '.join(names)} are not the "
+                              f"tensors captured in the CUDA graph (another tensor, or its storage moved): such "
+                              f"calls run kernel by kernel (correct, slower); pass the same tensors, or do not "
+                              f"declare them static", CudaGraphWarning, stacklevel=4)
+            else:
+                log(f"plan {self.name}: an input read in place from another plan's captured outputs is "
+                    f"elsewhere this call (that plan ran kernel by kernel): running kernel by kernel")
         self.moved_calls += 1
+        return self.run_plain(inputs)
+
+    def live(self, inputs: Sequence[Any]) -> list[Any]:
+        """A reuse plan's call while the previous call's outputs are still referenced: kernel by kernel,
+        into fresh memory, so that the replay does not overwrite them."""
+        if self.live_calls == 0:
+            log(f"plan {self.name}: the previous call's outputs are still referenced: running kernel by kernel")
+        self.live_calls += 1
         return self.run_plain(inputs)
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
         outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
         if not self.matches(inputs) or stream_capturing():
             return outs                 # inside the caller's own capture: its graph holds our launches
+        if self.outputs == "reuse":
+            self.install(self.second_call)
+            return outs
         self.install(self.run_plain)    # whatever happens next, no second attempt
+        self._capture(inputs, self.static_inputs)
+        return outs
+
+    def second_call(self, inputs: Sequence[Any]) -> list[Any]:
+        """A reuse plan's capture: inputs lying in other reuse plans' captured outputs are read in place."""
+        if not self.matches(inputs) or stream_capturing():
+            return self.run_plain(inputs)
+        self.install(self.run_plain)
+        self.chained_inputs = frozenset(i for i, t in enumerate(inputs)
+                                        if i not in self.static_inputs and reused_output(t))
+        replay = self._capture(inputs, self.static_inputs | self.chained_inputs)
+        if replay is None:
+            return self.run_plain(inputs)
+        for _, ptr in output_storages(self.captured.static_outputs if self.captured else []):
+            _reused_outputs[ptr] = self.captured   # type: ignore[assignment]
+        if self.captured is not None:   # the chained buffers belong to their plan: hold no reference
+            for i in self.chained_inputs:
+                self.captured.static_inputs[i] = None
+        return replay(inputs)
+
+    def _capture(self, inputs: Sequence[Any], by_reference: frozenset[int]) -> RunFn | None:
         try:
-            self.captured = self.capture_fn(self.run_plain, inputs, self.static_inputs)
-            replay, self.replay_source = compile_replay(self.guard[0], self.guard[1], self.n_in, self.captured,
-                                                        self.alias_outputs, self.name, self.moved)
+            self.captured = self.capture_fn(self.run_plain, inputs, by_reference)
+            replay, self.replay_source = compile_replay(
+                self.guard[0], self.guard[1], self.n_in, self.captured, self.alias_outputs, self.name, self.moved,
+                self.live if self.outputs == "reuse" else None)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
             self.set_note(note)
-            warnings.warn(f"fusegraph: plan {self.name}: CUDA-graph {note}", CudaGraphWarning, stacklevel=3)
+            warnings.warn(f"fusegraph: plan {self.name}: CUDA-graph {note}", CudaGraphWarning, stacklevel=4)
             log(f"plan {self.name}: CUDA graph {note}\n{traceback.format_exc()}")
-            return outs
+            return None
         self.install(replay)
         in_place = f", {len(self.static_inputs)} static input(s) read in place" if self.static_inputs else ""
-        self.set_note(f"captured: one CUDA graph of the whole plan, replayed from the second call "
-                      f"({'outputs alias the captured buffers' if self.alias_outputs else 'outputs cloned'}"
-                      f"{in_place})")
+        if self.chained_inputs:
+            in_place += f", {len(self.chained_inputs)} input(s) read in place from another plan's captured outputs"
+        outputs = {"copy": "outputs cloned", "alias": "outputs alias the captured buffers",
+                   "reuse": "outputs are the captured buffers while the caller holds none of the previous call's"}
+        when = "second" if self.outputs == "reuse" else "first"
+        self.set_note(f"captured: one CUDA graph of the whole plan, replayed after its {when} call "
+                      f"({outputs[self.outputs]}{in_place})")
         log(f"plan {self.name}: captured as one CUDA graph")
-        return outs
+        return replay

@@ -50,12 +50,13 @@ class Plan:
         self._run_fast = self._compile_run()
         # inputs a CUDA graph reads in place instead of copying (weights; runtime/cuda_graph.py)
         self.static_inputs = tuple(sorted(set(static_inputs)))
-        self._setup_cuda_graph(cuda_graphs, check_graph_outputs(graph_outputs) == "alias")
+        self._setup_cuda_graph(cuda_graphs, check_graph_outputs(graph_outputs))
 
-    def _setup_cuda_graph(self, requested: bool | None, alias_outputs: bool) -> None:
+    def _setup_cuda_graph(self, requested: bool | None, outputs: str) -> None:
         """Decide whether this plan is replayed as one CUDA graph (runtime/cuda_graph.py has the
         rule); when it is, the first matching call runs kernel by kernel and then captures."""
-        self.graph_outputs = "alias" if alias_outputs else "copy"
+        self.graph_outputs = outputs
+        alias_outputs = outputs != "copy"
         decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
                           alias_outputs, static_inputs=self.static_inputs)
         self.cuda_graph_note = decision.note
@@ -76,7 +77,7 @@ class Plan:
 
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
                                       alias_outputs, install, set_note, self.static_inputs,
-                                      [n.name for n in self.graph.inputs])
+                                      [n.name for n in self.graph.inputs], outputs)
         self._run_fast = self.cuda_graph.first_call
 
     @property

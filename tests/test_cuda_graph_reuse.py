@@ -1,0 +1,169 @@
+"""graph_outputs="reuse" (runtime/cuda_graph.py): a captured plan returns its captured output buffers
+while the caller holds none of the previous call's outputs, runs kernel by kernel when it does, and
+reads an input in place when it lies in another reuse plan's captured outputs (a training backward
+reading its forward's activations). On CPU with the stand-in graph of test_runtime_cuda_graph.py."""
+
+from __future__ import annotations
+
+import copy
+import gc
+from typing import Any
+
+import pytest
+import torch
+
+import fusegraph as fg
+import test_runtime_cuda_graph as base
+from conftest import assert_close, rand
+from fusegraph.runtime import cuda_graph
+from test_runtime_cuda_graph import block, eager
+
+fake_cuda = base.fake_cuda   # the fixture: CPU plans capture with the stand-in graph
+
+
+def stage(name: str, scale: float) -> fg.Graph:
+    """x -> (tanh(x) * scale + 1, exp(x)): two outputs, two kernels at most."""
+    g = fg.Graph(name=name, compute_dtype="float32")
+    x = g.tensor((8, 16), dtype="float32", name="x")
+    g.add(g.mul(g.tanh(x), scale), 1.0).set_output()
+    g.exp(x).set_output()
+    return g
+
+
+def run_stage(x: torch.Tensor, scale: float) -> list[torch.Tensor]:
+    return [torch.tanh(x) * scale + 1, torch.exp(x)]
+
+
+def check(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for g, r in zip(got, want, strict=True):
+        assert_close(g, r)
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_reuse_captures_on_the_second_call_and_returns_the_captured_buffers() -> None:
+    plan, _ = block(graph_outputs="reuse")
+    w = rand(16, 12)
+    x1 = rand(8, 16)
+    y1, _ = plan(x1, w)
+    assert not plan.cuda_graph_captured                     # the first call only warms up
+    assert_close(y1, eager(x1, w)[0])
+    del y1
+    x2 = rand(8, 16)
+    y2, h2 = plan(x2, w)                                    # captured, then replayed
+    runner = plan.cuda_graph
+    assert plan.cuda_graph_captured and runner.captured.graph.replays == 1
+    assert_close(y2, eager(x2, w)[0]) and assert_close(h2, eager(x2, w)[1])
+    assert y2.data_ptr() == runner.captured.static_outputs[0].data_ptr()
+    assert "USE(" in runner.replay_source and ".clone()" not in runner.replay_source
+    del y2, h2
+    x3 = rand(8, 16)
+    y3, _ = plan(x3, w)                                     # the previous outputs were dropped: replay
+    assert runner.captured.graph.replays == 2 and runner.live_calls == 0
+    assert_close(y3, eager(x3, w)[0])
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_reuse_never_overwrites_outputs_the_caller_still_holds() -> None:
+    plan, _ = block(graph_outputs="reuse")
+    w = rand(16, 12)
+    plan(rand(8, 16), w)
+    x2 = rand(8, 16)
+    y2, h2 = plan(x2, w)
+    view = h2[2:4]                                          # a view keeps the storage referenced too
+    del h2
+    kept = y2.clone()
+    x3 = rand(8, 16)
+    y3, h3 = plan(x3, w)                                    # y2 and the view are alive: kernel by kernel
+    runner = plan.cuda_graph
+    assert runner.live_calls == 1 and runner.captured.graph.replays == 1
+    assert torch.equal(y2, kept) and y3.data_ptr() != y2.data_ptr()
+    assert_close(y3, eager(x3, w)[0]) and assert_close(view, eager(x2, w)[1][2:4])
+    del y2, view, y3, h3
+    gc.collect()
+    x4 = rand(8, 16)
+    y4, _ = plan(x4, w)                                     # all dropped: replays again
+    assert runner.captured.graph.replays == 2 and runner.live_calls == 1
+    assert_close(y4, eager(x4, w)[0])
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_plan_fed_by_a_reuse_plan_reads_its_outputs_in_place() -> None:
+    first = stage("first", 2.0).build(graph_outputs="reuse")
+    second = stage("second", 3.0).build(graph_outputs="reuse")
+
+    def step(x: torch.Tensor) -> list[torch.Tensor]:
+        a, _ = first(x)
+        return second(a)
+
+    for _ in range(2):                                      # warm-up, then both capture
+        step(rand(8, 16))
+    runner = second.cuda_graph
+    assert runner.chained_inputs == frozenset({0}) and runner.captured.static_inputs[0] is None
+    assert ".copy_(" not in runner.replay_source            # nothing copied: read in place
+    assert "another plan's captured outputs" in second.cuda_graph_note
+    for _ in range(3):
+        x = rand(8, 16)
+        check(step(x), run_stage(run_stage(x, 2.0)[0], 3.0))   # the outputs die with the call
+    assert runner.moved_calls == 0 and runner.live_calls == 0 and runner.captured.graph.replays == 4
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_chained_input_elsewhere_runs_kernel_by_kernel() -> None:
+    first = stage("first", 2.0).build(graph_outputs="reuse")
+    second = stage("second", 3.0).build(graph_outputs="reuse")
+    for _ in range(2):
+        second(first(rand(8, 16))[0])                       # every output dropped at once
+    x = rand(8, 16)
+    check(second(x), run_stage(x, 3.0))                     # not first's buffer: moved, kernel by kernel
+    assert second.cuda_graph.moved_calls == 1
+    # the first plan's outputs are not held by the second's capture
+    first(rand(8, 16))
+    assert first.cuda_graph.live_calls == 0
+
+
+def test_reuse_is_a_known_option() -> None:
+    plan, _ = block(graph_outputs="reuse")
+    assert plan.graph_outputs == "reuse"
+    assert cuda_graph.check_graph_outputs("reuse") == "reuse"
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_reduce_overhead_training_reuses_activations_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile(mode="reduce-overhead") training: forward and backward plans are captured with
+    graph_outputs="reuse", the backward reads the forward's captured activations in place, and four
+    optimizer steps match eager step for step."""
+    from fusegraph.frontends import torch_partition
+    from fusegraph.frontends.torch_backend import Session
+
+    built: list[Any] = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self: Any, input_vals: Any, build_options: Any) -> None:
+        original(self, input_vals, build_options)
+        built.append(self)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    assert Session("reduce-overhead")._build_options("backward")["graph_outputs"] == "reuse"
+    assert "graph_outputs" not in Session("reduce-overhead")._build_options("inference")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=Session("reduce-overhead"))
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    for _ in range(4):
+        x = rand(8, 16)
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            (m(x) ** 2).mean().backward()
+            o.step()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert_close(p, q, tol=1e-5, what="weights after the step")
+    torch._dynamo.reset()
+    runners = {p.plan.graph.name.split("_")[0]: p.plan.cuda_graph for p in built
+               if p.plan is not None and p.plan.cuda_graph is not None}
+    assert set(runners) == {"forward", "backward"}, runners
+    assert all(r.captured is not None and r.outputs == "reuse" for r in runners.values())
+    assert runners["backward"].chained_inputs, runners["backward"].replay_source
+    assert all(r.live_calls == 0 and r.moved_calls == 0 for r in runners.values())
+    assert all(r.captured.graph.replays == 3 for r in runners.values())
