@@ -167,3 +167,33 @@ def test_reduce_overhead_training_reuses_activations_and_gradients(monkeypatch: 
     assert runners["backward"].chained_inputs, runners["backward"].replay_source
     assert all(r.live_calls == 0 and r.moved_calls == 0 for r in runners.values())
     assert all(r.captured.graph.replays == 3 for r in runners.values())
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_automatic_rule_decides_again_at_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reuse plan the build-time estimate turned down (its inputs looked like copies) captures at its
+    second call when those inputs turn out to be another plan's captured outputs, read in place."""
+    from fusegraph.runtime import plan as plan_module
+    from fusegraph.runtime.cuda_graph import GraphDecision
+
+    def decide(requested: Any, device: Any, kernels: Any, inputs: Any, outputs: Any, alias: bool = False,
+               static_inputs: Any = ()) -> GraphDecision:
+        copied = len(inputs) - len(set(static_inputs))
+        if requested or (requested is None and copied == 0):
+            return GraphDecision(True, f"test: capture, {copied} copies", copied)
+        return GraphDecision(False, f"test: {copied} copies cost too much", copied, by_estimate=True)
+
+    monkeypatch.setattr(plan_module, "decide", decide)
+    first = stage("first", 2.0).build(graph_outputs="reuse", cuda_graphs=True)
+    second = stage("second", 3.0).build(graph_outputs="reuse")
+    assert second.cuda_graph is not None and "too much" in second.cuda_graph_note   # deferred, not refused
+    for _ in range(3):
+        x = rand(8, 16)
+        check(second(first(x)[0]), run_stage(run_stage(x, 2.0)[0], 3.0))
+    assert second.cuda_graph_captured and second.cuda_graph.chained_inputs == frozenset({0})
+    assert "at capture: test: capture, 0 copies" in second.cuda_graph_note
+    alone = stage("alone", 3.0).build(graph_outputs="reuse")
+    for _ in range(3):                                      # fed by fresh tensors: copies, so never captured
+        x = rand(8, 16)
+        check(alone(x), run_stage(x, 3.0))
+    assert not alone.cuda_graph_captured and "at capture" in alone.cuda_graph_note

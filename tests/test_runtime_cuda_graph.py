@@ -392,6 +392,7 @@ def test_forced_off_never_captures(fake_cuda: None) -> None:
 def test_reduce_overhead_mode_forces_cuda_graphs() -> None:
     assert Session("reduce-overhead")._build_options()["cuda_graphs"] is True
     assert "cuda_graphs" not in Session("default")._build_options()
+    assert Session("default")._build_options("forward")["graph_outputs"] == "reuse"   # training: never cloned
     assert Session("reduce-overhead", {"cuda_graphs": False})._build_options()["cuda_graphs"] is False
 
 

@@ -87,6 +87,7 @@ class GraphDecision:
     capture: bool
     note: str                # why (not), with the numbers of the estimate
     copies: int = 0          # copy_/clone launches per call when captured
+    by_estimate: bool = False  # capturable; only the estimate said no (a reuse plan decides again at capture)
 
 
 def log(message: str) -> None:
@@ -140,7 +141,7 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
         return GraphDecision(False, f"auto: one kernel, nothing to batch into a graph ({numbers})", copies)
     if graph < plain:
         return GraphDecision(True, f"auto: launch-bound, {numbers}", copies)
-    return GraphDecision(False, f"auto: not worth it, {numbers}", copies)
+    return GraphDecision(False, f"auto: not worth it, {numbers}", copies, by_estimate=True)
 
 
 def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -317,7 +318,8 @@ class GraphRunner:
     def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
                  guard: tuple[list[str], dict[str, Any]], alias_outputs: bool, install: Callable[[RunFn], None],
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
-                 input_names: Sequence[str] = (), outputs: str | None = None) -> None:
+                 input_names: Sequence[str] = (), outputs: str | None = None,
+                 redecide: Callable[[frozenset[int]], GraphDecision] | None = None) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
@@ -335,6 +337,9 @@ class GraphRunner:
         self.live_calls = 0            # reuse: calls run kernel by kernel, the previous outputs still referenced
         self.chained_inputs: frozenset[int] = frozenset()   # reuse: inputs read in another plan's outputs
         self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor], Collection[int]], Captured] = capture
+        # a reuse plan under the automatic rule decides again at capture, knowing which inputs it reads in place
+        self.redecide = redecide
+        self.decided_again = ""
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
         """A call whose input read in place is not at its captured address: run kernel by kernel
@@ -379,6 +384,13 @@ class GraphRunner:
         self.install(self.run_plain)
         self.chained_inputs = frozenset(i for i, t in enumerate(inputs)
                                         if i not in self.static_inputs and reused_output(t))
+        if self.redecide is not None:
+            decision = self.redecide(self.chained_inputs)
+            if not decision.capture:
+                self.set_note(f"at capture, with {len(self.chained_inputs)} input(s) read in place from another "
+                              f"plan's captured outputs: {decision.note}")
+                return self.run_plain(inputs)
+            self.decided_again = f"at capture: {decision.note}; "
         replay = self._capture(inputs, self.static_inputs | self.chained_inputs)
         if replay is None:
             return self.run_plain(inputs)
@@ -409,7 +421,7 @@ class GraphRunner:
         outputs = {"copy": "outputs cloned", "alias": "outputs alias the captured buffers",
                    "reuse": "outputs are the captured buffers while the caller holds none of the previous call's"}
         when = "second" if self.outputs == "reuse" else "first"
-        self.set_note(f"captured: one CUDA graph of the whole plan, replayed after its {when} call "
+        self.set_note(f"{self.decided_again}captured: one CUDA graph of the whole plan, replayed after its {when} call "
                       f"({outputs[self.outputs]}{in_place})")
         log(f"plan {self.name}: captured as one CUDA graph")
         return replay

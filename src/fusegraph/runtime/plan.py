@@ -17,7 +17,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.printer import format_plan
 from ..ir.spec import TensorSpec, contiguous_strides
-from .cuda_graph import GraphRunner, check_graph_outputs, decide, log
+from .cuda_graph import GraphDecision, GraphRunner, check_graph_outputs, decide, log
 from .guards import check_inputs, resolve_feeds
 from .kernel import Kernel
 from .memory import MemoryPlan, plan_schedule
@@ -63,7 +63,10 @@ class Plan:
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
         log(f"plan {self.graph.name}: CUDA graph: {decision.note}")
-        if not decision.capture:
+        # a reuse plan the estimate turned down may still capture: at its second call it knows which inputs
+        # are another plan's captured outputs (read in place, not copied) and decides again
+        deferred = outputs == "reuse" and requested is None and decision.by_estimate
+        if not decision.capture and not deferred:
             return
         plain = self._run_fast
 
@@ -72,12 +75,19 @@ class Plan:
 
         def set_note(note: str) -> None:
             self.cuda_graph_note = f"{decision.note}; {note}"
-            if "failed" in note:
+            if "failed" in note or "at capture" in note:
                 self.cuda_graph_copies = 0
+
+        def redecide(chained: frozenset[int]) -> GraphDecision:
+            again = decide(None, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
+                           static_inputs=set(self.static_inputs) | chained)
+            self.cuda_graph_copies = again.copies if again.capture else 0
+            return again
 
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
                                       alias_outputs, install, set_note, self.static_inputs,
-                                      [n.name for n in self.graph.inputs], outputs)
+                                      [n.name for n in self.graph.inputs], outputs,
+                                      redecide if outputs == "reuse" and requested is None else None)
         self._run_fast = self.cuda_graph.first_call
 
     @property
