@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..errors import UnsupportedError
 from ..settings import override, settings
 from .causal_mask import rewrite_causal_masks
+from .loss_rewrite import rewrite_log_softmax_for_backward
 from .torch_ops import native_ops
 from .torch_partition import GraphRecord, partition_graph, warn_fallback
 
@@ -74,6 +75,7 @@ def partition_fn() -> Callable[..., Any]:
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
+        rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
         return base(joint_module, joint_inputs, **kwargs)
 
     return partition

@@ -382,12 +382,13 @@ def _group(graph: Graph, aliases: set[int],
     library_ids |= literal_library
     library = [n for n in graph.nodes if n.id in library_ids]
     ancestors = _ancestor_masks(graph)
+    library_by_id = {n.id: n for n in library}
     groups: list[KernelGroup] = []
     group_of: dict[int, KernelGroup] = {}
     for anchor in anchors:
         alone = KernelGroup(_own_domain(anchor), [anchor])
         trace_group(alone, boundary)
-        target = _merge_target(alone, groups, group_of, boundary, ancestors)
+        target = _merge_target(alone, groups, group_of, boundary, ancestors, library_by_id)
         if target is None:
             groups.append(alone)
             group_of[anchor.id] = alone
@@ -397,7 +398,7 @@ def _group(graph: Graph, aliases: set[int],
     for n in graph.nodes:
         if n.id in aliases:
             alias_root[n.id] = alias_root.get(n.inputs[0].id, n.inputs[0].id)
-    _merge_same_domain(groups, group_of, boundary, ancestors, alias_root)
+    _merge_same_domain(groups, group_of, boundary, ancestors, alias_root, library_by_id)
     for group in groups:
         _drop_internal_stores(group, groups, graph, library, boundary)
     return groups, library, ancestors
@@ -451,8 +452,11 @@ def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int,
 
 
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
-                  boundary: set[int], ancestors: dict[int, int]) -> KernelGroup | None:
+                  boundary: set[int], ancestors: dict[int, int],
+                  library: dict[int, Node] | None = None) -> KernelGroup | None:
     """The producer group this anchor can join (latest first), merging in place; None if none."""
+    from .recompute import reads_through_kernels
+
     producers = [group_of[e.node.id] for e in alone.loads if e.node.id in group_of]
     reads = {e.node.id for e in alone.loads}
     siblings = [g for g in groups if g.domain == alone.domain and any(e.node.id in reads for e in g.loads)]
@@ -467,7 +471,7 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
             trace_group(trial, boundary)
         except TraceError:
             continue
-        if _cyclic(trial, ancestors, _bits(ancestors)):
+        if _cyclic(trial, ancestors, _bits(ancestors)) or reads_through_kernels(trial, group_of, library or {}):
             continue
         group.domain, group.anchors = trial.domain, trial.anchors
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
@@ -536,10 +540,13 @@ def _bits(ancestors: dict[int, int]) -> dict[int, int]:
 
 
 def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGroup], boundary: set[int],
-                       ancestors: dict[int, int], alias_root: dict[int, int] | None = None) -> None:
+                       ancestors: dict[int, int], alias_root: dict[int, int] | None = None,
+                       library: dict[int, Node] | None = None) -> None:
     """Second round: merge groups of one domain that depend on each other or read the same data
     (also through different views of one tensor: q, k and v sliced out of one qkv projection),
     when no third kernel sits between them (greedy anchor order can leave such pairs apart)."""
+    from .recompute import reads_through_kernels
+
     roots = alias_root or {}
 
     def read(g: KernelGroup) -> set[int]:
@@ -565,7 +572,7 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                     trace_group(trial, boundary)
                 except TraceError:
                     continue
-                if _cyclic(trial, ancestors, bits):
+                if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}):
                     continue
                 first.anchors, first.entries, first.loads, first.stores = \
                     trial.anchors, trial.entries, trial.loads, trial.stores

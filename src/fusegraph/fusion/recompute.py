@@ -133,3 +133,29 @@ def kernels_on_cycles(groups: list[KernelGroup], library: list[Node]) -> list[Ke
                 seen.add(k)
                 stack.extend(deps[k])
     return on_cycle
+
+
+def reads_through_kernels(trial: KernelGroup, group_of: dict[int, KernelGroup], library: dict[int, Node]) -> bool:
+    """Would the merged kernel `trial` read a value computed (through other kernels and library ops)
+    from one it writes? The node ancestry check (_cyclic) misses a kernel that joins a value upstream
+    of a library op with one downstream of a kernel that reads that op's result (cross-entropy: the
+    target's validity feeding a gather, and the label-smoothing sum after the logsumexp kernel that
+    reads the gather)."""
+    written = {a.id for a in trial.anchors}
+    stack = [e.node for e in trial.loads]
+    seen_nodes: set[int] = set()
+    seen_groups: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node.id in written:
+            return True
+        if node.id in seen_nodes:
+            continue
+        seen_nodes.add(node.id)
+        group = group_of.get(node.id)
+        if group is not None and id(group) not in seen_groups:
+            seen_groups.add(id(group))
+            stack.extend(e.node for e in group.loads)
+        elif group is None and node.id in library:
+            stack.extend(library[node.id].inputs)
+    return False
