@@ -198,8 +198,11 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
     if choice.get("backend") == "cublas":
         kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
         timed = (kernel.tuning or {}).get("source") in ("tuned", "cache", "memo")
-        kernel.note = ("cuBLAS was faster for this shape" if timed else "cuBLAS: the untimed pick for exact fp32") \
-            + ("" if identity else " (epilogue as a second launch)")
+        failed = (kernel.tuning or {}).get("failed", [])
+        why = "cuBLAS was faster for this shape" if timed else "cuBLAS: the untimed pick for exact fp32"
+        if failed and len(failed) >= (kernel.tuning or {}).get("candidates", 0) - 1:
+            why = f"cuBLAS: every Triton candidate failed ({len(failed)}; first: {failed[0]})"
+        kernel.note = why + ("" if identity else " (epilogue as a second launch)")
         return kernel
     launch = GemmLaunch(fn, gen, choice, device)
     kernel.source = gen.source_of(launch.variant)
@@ -255,6 +258,10 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         floor = None if candidates[0] != candidates[1] else floor
     result = tune(name, key, candidates, bench, floor_ms=floor, precompile=precompile)
     kernel.tuning = summary(result, len(candidates))
+    failed = [f"{t.config}: {str(t.error)[:160]}" for t in result.timings if t.ms is None]
+    if failed:
+        kernel.tuning["failed"] = failed
+        _debug(name, f"{len(failed)} of {len(candidates)} candidates failed; first: {failed[0]}")
     return dict(result.config.values)
 
 
