@@ -136,6 +136,23 @@ def test_check_same_rejects_a_wrong_candidate() -> None:
         check_same([torch.full((8, 8), float("nan"), dtype=torch.float16)], want, "nan")
 
 
+def test_check_same_limit_follows_a_16_bit_product() -> None:
+    """An fp32 output of a bf16 product (matmul + cast) gets the 16-bit limit: a different summation
+    order flips bf16 roundings (3e-3 on GPT-2's LM-head backward), which is no wrong result."""
+    from fusegraph.backends.matmul_kernel import check_same
+
+    torch.manual_seed(0)
+    exact = torch.randn(64, 64, dtype=torch.float64)
+    one_order = [exact.to(torch.bfloat16).float()]
+    other = exact + exact.abs() * 2.0 ** -9 * torch.randint(0, 2, exact.shape)   # half-ulp nudges
+    other_order = [other.to(torch.bfloat16).float()]
+    with pytest.raises(ValueError, match="limit 1e-03"):
+        check_same(other_order, one_order, "fp32 limit")
+    check_same(other_order, one_order, "bf16 product", low_precision=True)
+    with pytest.raises(ValueError, match="relative error"):
+        check_same([one_order[0] * 1.1], one_order, "scaled", low_precision=True)
+
+
 GEOMETRIES = {  # name: (build, input shapes, expected ops of the kernels)
     "vector_b": (lambda g, a, b: g.relu(g.matmul(a, b)), [(20, 16), (16,)], [["matmul", "relu"]]),
     "vector_a": (lambda g, a, b: g.relu(g.matmul(a, b)), [(16,), (16, 24)], [["matmul", "relu"]]),

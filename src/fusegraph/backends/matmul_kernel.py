@@ -212,7 +212,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
             got = launch(example)
             if kernel.tuning.get("source") not in ("tuned", "cache", "memo"):  # untimed, so unchecked yet:
                 reference = _reference_group_launch(group, compute_dtype, reference_launch)  # no compile
-                check_same(got, reference(example), f"{name} {choice}")
+                check_same(got, reference(example), f"{name} {choice}", dtypes.itemsize(group.matmul.dtype) <= 2)
         except Exception as err:
             kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
             kernel.note = f"Triton GEMM failed to compile or check ({type(err).__name__}: {str(err)[:200]}); cuBLAS"
@@ -237,6 +237,8 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     candidates = _candidates(configs, gen)
     args = _example_inputs(gen.inputs, device)
     expected: list[Any] = []
+    # the product is rounded to 16 bits on its way to the outputs
+    low_precision = any(n.op == "matmul" and dtypes.itemsize(n.dtype) <= 2 for n in kernel.nodes)
 
     def bench(config: Config) -> float:
         values = dict(config.values)
@@ -244,7 +246,7 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         if values["backend"] == "triton":  # a config that computes something else is not a candidate
             if not expected:
                 expected.extend(library(args))
-            check_same(launch(args), expected, f"{name} {config}")
+            check_same(launch(args), expected, f"{name} {config}", low_precision)
         return bench_ms(lambda: launch(args))
 
     def precompile(kept: Sequence[Config]) -> None:
@@ -379,10 +381,14 @@ def _set_tma_allocator() -> None:
     _ALLOCATOR_SET = True
 
 
-def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str) -> None:
+def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str,
+               low_precision: bool = False) -> None:
     """Raise ValueError unless each output matches (relative norm error over finite values; 16-bit
     and 8-bit floats 2e-2, others 1e-3: candidates differ in summation order and fp32 rounding;
-    int8 codes may differ by one in 0.1% of elements, other integers must be equal)."""
+    int8 codes may differ by one in 0.1% of elements, other integers must be equal). low_precision:
+    the outputs went through a 16-bit value on the way (a bf16 GEMM product cast to fp32, where a
+    different summation order flips bf16 roundings: 3e-3 measured for GPT-2's LM-head dh), so floats
+    get the 16-bit limit whatever their own width."""
     for g, w in zip(got, want, strict=True):
         if not g.dtype.is_floating_point:
             if g.dtype == torch.int8 and g.shape == w.shape:  # quantized codes: a sum-order difference can
@@ -393,7 +399,7 @@ def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: 
             if not torch.equal(g, w):
                 raise ValueError(f"{what}: integer output differs from the baseline")
             continue
-        limit = 2e-2 if g.element_size() <= 2 else 1e-3
+        limit = 2e-2 if g.element_size() <= 2 or low_precision else 1e-3
         if g.element_size() == 1:  # fp8: compared in fp32 (not every op has fp8 kernels)
             g, w = g.float(), w.float()
         finite = torch.isfinite(w)
