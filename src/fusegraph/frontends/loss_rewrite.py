@@ -48,7 +48,7 @@ FORWARD, BACKWARD = "is_forward", "is_backward"
 
 
 def rewrite_log_softmax_for_backward(gm: fx.GraphModule) -> int:
-    """Rewrite a joint graph's log-softmaxes as the module doc says; how many were rewritten."""
+    """Rewrite a joint graph's log-softmaxes as the module doc says; how many rewrites (log-softmaxes + row sums)."""
     graph = gm.graph
     backward = _backward_nodes(graph)
     if backward is None or detect_fake_mode(_vals(graph)) is None:
