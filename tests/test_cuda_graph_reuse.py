@@ -21,6 +21,12 @@ from test_runtime_cuda_graph import block, eager
 fake_cuda = base.fake_cuda   # the fixture: CPU plans capture with the stand-in graph
 
 
+@pytest.fixture(autouse=True)
+def track_small_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These plans' outputs are a few hundred bytes: track them all, as large outputs are."""
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 0)
+
+
 def stage(name: str, scale: float) -> fg.Graph:
     """x -> (tanh(x) * scale + 1, exp(x)): two outputs, two kernels at most."""
     g = fg.Graph(name=name, compute_dtype="float32")
@@ -197,3 +203,21 @@ def test_automatic_rule_decides_again_at_capture(monkeypatch: pytest.MonkeyPatch
         x = rand(8, 16)
         check(alone(x), run_stage(x, 3.0))
     assert not alone.cuda_graph_captured and "at capture" in alone.cuda_graph_note
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_small_outputs_are_cloned_so_holding_them_costs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`loss = step()` keeps the previous loss alive during the next call: a small output is cloned,
+    not tracked, so that call still replays."""
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 8 * 12 * 4)     # y (8x12 fp32) small, h (8x16) not
+    plan, _ = block(graph_outputs="reuse")
+    w = rand(16, 12)
+    y = plan(rand(8, 16), w)[0]
+    for _ in range(3):
+        x = rand(8, 16)
+        y = plan(x, w)[0]                                  # the previous y is alive during this call
+        assert_close(y, eager(x, w)[0])
+    runner = plan.cuda_graph
+    assert runner.live_calls == 0 and runner.captured.graph.replays == 3
+    assert "O0.clone()" in runner.replay_source and "O1.detach()" in runner.replay_source
+    assert y.data_ptr() != runner.captured.static_outputs[0].data_ptr()

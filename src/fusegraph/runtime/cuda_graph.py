@@ -29,11 +29,13 @@ returns the captured buffers only while that is safe. For training graphs, whose
 every activation the backward saves (gigabytes: cloning them costs as much as the launches saved),
 a reuse plan checks before each replay that nothing outside it still references the previous call's
 outputs (the storages' use counts are back to what the plan itself holds) and otherwise runs that call
-kernel by kernel into fresh memory (correct; e.g. gradient accumulation keeping two forwards' activations
-alive). It captures on its second call rather than its first, so that a plan fed by another reuse plan
-(a backward reading its forward's saved activations) sees those captured buffers as its inputs: an
-input that lies in another reuse plan's outputs is read in place, like a static input (a call where it
-is elsewhere runs kernel by kernel), so no copy is made on either side.
+kernel by kernel into fresh memory (correct; e.g. optimizer.zero_grad(set_to_none=False) keeping the
+gradients alive). Small outputs (up to SMALL_OUTPUT_BYTES: a loss the caller keeps for logging) are
+cloned instead, so holding them costs nothing. A reuse plan captures on its second call rather than
+its first, so that a plan fed by another reuse plan (a backward reading its forward's saved
+activations) sees those captured buffers as its inputs: an input that lies in another reuse plan's
+outputs is read in place, like a static input (a call where it is elsewhere runs kernel by kernel),
+so no copy is made on either side.
 
 Capture happens on the first call whose inputs match the Plan: that call runs kernel by kernel
 (the warm-up: Triton compiles, libraries initialize) and returns its results; then the Plan is run
@@ -72,6 +74,10 @@ LAUNCH_US = 20.0      # host time of one kernel launched from Python (12-20 us m
 REPLAY_US = 5.0       # host time of one CUDAGraph.replay()
 GRAPH_NODE_US = 0.6   # device-side gap per kernel inside a replayed graph
 COPY_US = 5.0         # host time of one copy_ / clone launch
+# graph_outputs="reuse": outputs whose storage is at most this size are cloned rather than returned as
+# the captured buffer (a loss kept by `loss = step()` until after the next call would otherwise send
+# every call kernel by kernel); larger ones (activations, gradients) are returned and tracked
+SMALL_OUTPUT_BYTES = 1 << 16
 
 GRAPH_OUTPUTS = ("copy", "alias", "reuse")
 
@@ -269,9 +275,10 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
         lines += [f"    if {' or '.join(f's{i}.data_ptr() != P{i}' for i in by_reference)}:",
                   "        return MOVED(inputs)"]
     checks = []
+    tracked = [o for o in captured.static_outputs if _storage_bytes(o) > SMALL_OUTPUT_BYTES]
     if live is not None:
         env.update(LIVE=live, USE=torch._C._storage_Use_Count)
-        for j, (cdata, _) in enumerate(output_storages(captured.static_outputs)):
+        for j, (cdata, _) in enumerate(output_storages(tracked)):
             env[f"C{j}"] = cdata
             checks.append(j)
         if checks:
@@ -287,7 +294,10 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     results = []
     for j, out in enumerate(captured.static_outputs):
         env[f"O{j}"] = out
-        results.append(f"O{j}.detach()" if live is not None else f"O{j}" if alias_outputs else f"O{j}.clone()")
+        if live is not None:   # small outputs (a loss the caller keeps for logging) are cloned, not tracked
+            results.append(f"O{j}.detach()" if any(out is t for t in tracked) else f"O{j}.clone()")
+        else:
+            results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
     lines += [f"        return [{', '.join(results)}]",
               "    finally:", "        if grad:", "            SET_GRAD(True)"]
     source = "\n".join(lines)
@@ -297,6 +307,10 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     exec(compile(source, f"<plan {name} cuda graph>", "exec"), env)
     run: RunFn = env["run"]
     return run, source
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().nbytes())
 
 
 def output_storages(outputs: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
