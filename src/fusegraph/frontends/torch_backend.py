@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..errors import UnsupportedError
 from ..settings import override, settings
 from .causal_mask import rewrite_causal_masks
+from .input_mutation import aot_autograd_options
 from .loss_rewrite import rewrite_log_softmax_for_backward
 from .torch_ops import native_ops
 from .torch_partition import GraphRecord, partition_graph, warn_fallback
@@ -123,6 +124,7 @@ class CompileReport:
                 lines.append(f"  {part.name}: {status}\n      {ops}")
             for (op, reason), count in sorted(graph.fallbacks.items()):
                 lines.append(f"  eager: {op} x{count}: {reason}")
+            lines.extend(f"  input mutation: {m}" for m in graph.mutations)
         if self.recompiles:
             lines.append("\nrecompiles:")
             lines.extend(f"  {r}" for r in self.recompiles)
@@ -185,7 +187,8 @@ class Session:
 
         backend = aot_autograd(fw_compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"),
                                inference_compiler=self._compiler("inference"),
-                               decompositions=decomposition_table(), partition_fn=partition_fn())
+                               decompositions=decomposition_table(), partition_fn=partition_fn(),
+                               **aot_autograd_options())   # inference graphs keep input mutations (copy_)
         try:
             return backend(gm, example_inputs)
         except Exception as err:  # AOTAutograd could not trace it: the whole graph runs in torch

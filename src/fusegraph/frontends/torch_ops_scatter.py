@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import input_mutation  # noqa: F401  (registers the in-place IR ops)
 from .torch_ops import Ctx, cast_to, translates
 
 aten = torch.ops.aten
@@ -70,3 +71,40 @@ def _slice_scatter(cx: Ctx, x: Any, src: Any, dim: int = 0, start: Any = None, e
     start = None if start is None else max(-size, min(int(start), size))   # torch clamps; sys.maxsize ends
     end = None if end is None else max(-size, min(int(end), size))
     return cx.g.slice_scatter(x, cast_to(cx, src, x.dtype), dim, start, end, int(step))
+
+
+# ---------------- in-place forms: a kept input mutation re-inplaced (frontends/input_mutation.py) ----------------
+
+def _inplace_supports(node: torch.fx.Node) -> str | None:
+    dest = node.args[0]
+    if not isinstance(dest, torch.fx.Node) or dest.op != "placeholder":
+        return "an in-place scatter into a value that is not a graph input"
+    if node.target is aten.index_put_.default:
+        if (len(node.args) > 3 and node.args[3]) or node.kwargs.get("accumulate"):
+            return "an accumulating index_put_"
+        return _index_put_supports(node)
+    return None
+
+
+def _destination(cx: Ctx, x: Any) -> Any:
+    """The written tensor must be a Plan input (the partition's placeholder), not a copy of it."""
+    if getattr(getattr(x, "node", None), "op", None) != "input":
+        raise TypeError(f"{cx.node.name}: in-place scatter into {x!r}, which is not an input of the partition")
+    return x
+
+
+@translates(aten.index_copy_.default, supports=_inplace_supports)
+def _index_copy_inplace(cx: Ctx, x: Any, dim: int, index: Any, source: Any) -> Any:
+    x = _destination(cx, x)
+    return cx.g._apply("index_copy_inplace", x, index, cast_to(cx, source, x.dtype), dim=dim)
+
+
+@translates(aten.index_put_.default, supports=_inplace_supports)
+def _index_put_inplace(cx: Ctx, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
+    x = _destination(cx, x)
+    values = cast_to(cx, values, x.dtype)
+    if not hasattr(values, "shape"):  # a Python number: a 0-d tensor broadcast to the region
+        values = cx.g.constant(torch.tensor(values, dtype=_fake(cx.node.args[0]).dtype))
+    dims = tuple(d for d, i in enumerate(indices) if i is not None)
+    return cx.g._apply("index_put_inplace", x, values, *[i for i in indices if i is not None], index_dims=dims,
+                       accumulate=False)

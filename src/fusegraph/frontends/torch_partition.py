@@ -26,6 +26,14 @@ from ..api import Graph, Tensor
 from ..ir import dtypes
 from ..ir.spec import contiguous_strides
 from ..settings import settings
+from .input_mutation import (
+    INPLACE_IR_OPS,
+    Mutation,
+    mutated_placeholders,
+    order_write_backs,
+    reinplace_input_mutations,
+    write_back_input,
+)
 from .torch_ops import SUPPORTS, Ctx, lookup, translate_node
 from .torch_ops_nn import RNG_ARGS, RNG_OUTPUTS
 
@@ -78,6 +86,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when fusegraph can compile this FX node, else why not (shown by fg.explain)."""
     if node.op != "call_function":
         return f"FX {node.op}"
+    if write_back_input(node) is not None:
+        return "write-back of a mutated graph input (copy_ in torch at the end of the graph)"
     if node.target is operator.getitem:
         src = node.args[0]
         return unsupported_reason(src) if isinstance(src, torch.fx.Node) else "getitem of a non-node"
@@ -190,6 +200,8 @@ class GraphRecord:
     nodes: int
     partitions: list[PartitionRecord] = field(default_factory=list)
     fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)   # (op, reason) -> node count
+    # inputs the graph mutates (inference graphs keep them: frontends/input_mutation.py): in place or copied back
+    mutations: list[Mutation] = field(default_factory=list)
 
 
 class CompiledPartition(torch.nn.Module):
@@ -239,6 +251,9 @@ class CompiledPartition(torch.nn.Module):
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.eager.graph.nodes if n.op == "placeholder"]
         rng = {node for node in placeholders if is_rng_state(node)}
+        # inputs an in-place scatter writes (a KV cache): the Plan writes the caller's tensor, so a
+        # captured CUDA graph must read and write it in place (static), never a per-call copy
+        written = {i for i, p in enumerate(placeholders) if p.name in mutated_placeholders(self.eager)}
         devices = {v.device for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
                    if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args}
         accelerators = {d for d in devices if d.type not in ("cpu", "meta")}
@@ -254,6 +269,10 @@ class CompiledPartition(torch.nn.Module):
             if node in rng:  # an attention philox seed/offset: only our attention backward takes it, and ignores it
                 env[node] = None
                 continue
+            if index in written and (index in self._constant_args or index in self._to_device
+                                     or not isinstance(val, torch.Tensor)):
+                raise TypeError(f"partition input {node.name} is written in place but is not a tensor on the "
+                                "partition's device")
             if index in self._constant_args:
                 env[node] = g.constant(self._constant_args[index], name=node.name)
                 continue
@@ -265,7 +284,8 @@ class CompiledPartition(torch.nn.Module):
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
                                  layout=None if dense else "strided", strides=None if dense else strides,
                                  device=val.device.type,
-                                 static=index in self._static_args and index not in self._to_device)
+                                 static=(index in self._static_args or index in written)
+                                 and index not in self._to_device)
         out_args: Any = ()
         for node in self.eager.graph.nodes:
             if node.op == "get_attr":
@@ -281,6 +301,9 @@ class CompiledPartition(torch.nn.Module):
         self._single = not isinstance(out_args, list | tuple)
         out_nodes = [out_args] if self._single else list(out_args)
         inputs = [env[p].node.id if env[p] is not None else None for p in placeholders]
+        # the in-place scatters' values -> the input each writes (its value IS that input after the write)
+        inplace = {env[n].node.id: (env[n], inputs.index(env[n.args[0]].node.id)) for n in self.eager.graph.nodes
+                   if n.op == "call_function" and isinstance(env.get(n), Tensor) and env[n].node.op in INPLACE_IR_OPS}
         plan_outputs: list[Tensor] = []
         out_strides: list[tuple[int, ...] | None] = []
         self._device = devices.pop() if len(devices) == 1 else None
@@ -295,6 +318,9 @@ class CompiledPartition(torch.nn.Module):
             if value.node.id in inputs:
                 self._outputs.append(("input", inputs.index(value.node.id)))
                 continue
+            if value.node.id in inplace:   # the written input itself (updated by the Plan's run)
+                self._outputs.append(("input", inplace[value.node.id][1]))
+                continue
             chain = _view_chain(out, placeholders)
             # e.g. a transposed weight saved for the backward: a view, not a copy
             if chain is not None and chain[0] not in self._constant_args:
@@ -306,6 +332,11 @@ class CompiledPartition(torch.nn.Module):
                 val = out.meta.get("val")   # returned in torch's layout (no restriding copy after)
                 out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
             self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
+        live = _ancestors([t.node for t in plan_outputs])
+        for value, _ in inplace.values():   # a write nothing in the Plan reads: an extra output keeps it
+            if value.node.id not in live:
+                plan_outputs.append(value)
+                out_strides.append(tuple(value.spec.memory_strides))
         if plan_outputs:
             g.set_output(*plan_outputs)
             self.plan = g.build(device=None if self._device is None else self._device.type,
@@ -334,6 +365,18 @@ class CompiledPartition(torch.nn.Module):
             return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
         except RuntimeError:  # no fill kernel for this dtype on this device (uint64): unread anyway
             return torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
+
+
+def _ancestors(nodes: Sequence[Any]) -> set[int]:
+    """Ids of the IR nodes `nodes` are computed from (themselves included)."""
+    seen: set[int] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if node.id not in seen:
+            seen.add(node.id)
+            todo.extend(node.inputs)
+    return seen
 
 
 # View ops replayed by torch on a partition input when their result is a partition output.
@@ -440,14 +483,16 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     a partition reading one directly declares it a static input (read in place by a CUDA graph)."""
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     static_names = {placeholders[i] for i in static_inputs if 0 <= i < len(placeholders)}
+    mutations = reinplace_input_mutations(gm) if kind == "inference" else []
     record = GraphRecord(kind, sum(1 for n in gm.graph.nodes
-                                   if n.op == "call_function" and n.target is not operator.getitem))
+                                   if n.op == "call_function" and n.target is not operator.getitem),
+                         mutations=mutations)
     support = _Support()
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if any(n.target not in VIEW_OPS for n in p.nodes)]
-    for node, reason in support.reasons.items():
-        if node.target is not operator.getitem:
+    for node, reason in support.reasons.items():   # write-backs: not an op of the model (record.mutations)
+        if node.target is not operator.getitem and write_back_input(node) is None:
             record.fallbacks[(op_name(node), reason)] += 1
     if not partitions:
         return gm, record
@@ -469,6 +514,7 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
+    order_write_backs(split)   # copy_(input, new) after every partition that reads the old value
     return split, record
 
 
