@@ -46,6 +46,14 @@ class Captured:
         self.ops |= {n.target for g in (fw, bw) for n in g.graph.nodes}
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> Any:
+    """Every test compiles LMHead.forward anew: no cached frame, no recompile limit reached."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> Captured:
     record = Captured()
