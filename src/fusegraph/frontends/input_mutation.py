@@ -109,6 +109,21 @@ def _same_layout(a: Any, b: Any) -> bool:
         all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape, strict=True) if n > 1)
 
 
+def _template_only(node: torch.fx.Node) -> bool:
+    """A view of the input whose data nobody reads: every use is the destination (shape and dtype
+    template) of a functional `aten.copy(dst, src)`, which overwrites all of it (slice assignment
+    `x[:, 2:4] = v` is slice_scatter(x, copy(slice(x), v))), or another such view."""
+    if node.op != "call_function" or node.target not in _VIEWS or not node.users:
+        return False
+    for user in node.users:
+        if user.op == "call_function" and user.target is aten.copy.default and user.args[0] is node \
+                and all(a is not node for a in user.args[1:]):
+            continue
+        if not _template_only(user):
+            return False
+    return True
+
+
 SCATTERS = (aten.index_copy.default, aten.index_put.default, aten.slice_scatter.default)
 
 
@@ -122,7 +137,7 @@ def why_not_inplace(copy_node: torch.fx.Node) -> str | None:
         return "the scatter does not write into the input's old value"
     if new.target is aten.index_put.default and ((len(new.args) > 3 and new.args[3]) or new.kwargs.get("accumulate")):
         return "an accumulating index_put (not safe to run twice)"
-    others = [u for u in inp.users if u is not new and u is not copy_node]
+    others = [u for u in inp.users if u is not new and u is not copy_node and not _template_only(u)]
     if others:
         return f"the input is also read by {', '.join(sorted(u.name for u in others))}"
     operands: list[torch.fx.Node] = []
@@ -188,7 +203,11 @@ def _inplace_node(gm: torch.fx.GraphModule, new: torch.fx.Node, inp: torch.fx.No
     gm.register_buffer(name, index, persistent=False)
     index_node = graph.get_attr(name)
     fake_mode = getattr(val, "fake_mode", None)
-    index_node.meta["val"] = fake_mode.from_tensor(index) if fake_mode is not None else index
+    if fake_mode is not None:   # a fake value of static shape (from_tensor could give it a symbolic size)
+        with fake_mode:
+            index_node.meta["val"] = torch.empty(len(positions), dtype=torch.int64, device=val.device)
+    else:
+        index_node.meta["val"] = index
     indices: list[Any] = [None] * dim + [index_node]
     return graph.call_function(aten.index_put_.default, (inp, indices, new.args[1], False))
 
@@ -244,7 +263,7 @@ def _inplace_index_put_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
     full: list[torch.Tensor | None] = [None] * (dims[-1] + 1)
     for d, index in zip(dims, indices, strict=True):
         full[d] = index if index.dtype == torch.int64 else index.long()
-    return x.index_put_(full, values, False)
+    return torch.ops.aten.index_put_.default(x, full, values, False)
 
 
 def _index_put_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> Cost:
