@@ -265,6 +265,12 @@ def test_user_input_mutated_in_place() -> None:
             x, pos = torch.randn(2, 1, 3), torch.tensor([p])
             assert rel_err(compiled(mine, x, pos), step(ref, x, pos)) < 1e-6
             assert torch.equal(mine, ref)
+    (graph,) = compiled.fusegraph_report.graphs
+    assert [m.inplace for m in graph.mutations] == [True]
+    (part,) = graph.partitions
+    # not a parameter or buffer, but written in place: static, so a captured CUDA graph would write
+    # the caller's tensor (and a call with another tensor runs kernel by kernel), never a copy of it
+    assert len(part.plan.static_inputs) == 1
 
 
 def test_llama_decode_block_cache_in_place() -> None:

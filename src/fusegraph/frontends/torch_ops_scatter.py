@@ -3,6 +3,11 @@ AOTAutograd's functionalization leaves: index_put (embedding backward's scatter-
 cache's index_copy_ after decomposition), index_copy, scatter_add, slice_scatter. select_scatter is
 decomposed by the core ATen table into slice_scatter. Same table as torch_ops (see its docstring);
 registered on import by torch_ops_nn.
+
+In-place forms (aten.index_copy_, aten.index_put_ without accumulation) appear only where
+frontends/input_mutation.py re-inplaced a kept input mutation (a static KV cache update): they become
+the IR ops index_copy_inplace / index_put_inplace, which write the indexed rows into the partition's
+input (the caller's tensor) and return it.
 """
 
 from __future__ import annotations
