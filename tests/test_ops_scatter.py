@@ -47,6 +47,13 @@ SCATTER = [
            lambda x, s: torch.slice_scatter(x, s, 1, 1, 6, 2)),
     OpCase("slice_scatter_open_end", [make(5, 2), make(2, 2)], lambda g, x, s: g.slice_scatter(x, s, 0, -2),
            lambda x, s: torch.slice_scatter(x, s, 0, -2)),
+    # in-place forms on a graph input (frontends/input_mutation.py: a re-inplaced KV cache update)
+    OpCase("index_copy_inplace_dim2", [make(1, 2, 6, 4), const(torch.tensor([3])), make(1, 2, 1, 4)],
+           lambda g, x, i, s: g._apply("index_copy_inplace", x, i, s, dim=2),
+           lambda x, i, s: torch.index_copy(x, 2, i, s)),
+    OpCase("index_put_inplace_dim2", [make(1, 2, 6, 4), const(torch.tensor([4, 1])), make(2, 1, 4)],
+           lambda g, x, i, v: g._apply("index_put_inplace", x, v, i, index_dims=(2,), accumulate=False),
+           lambda x, i, v: aten.index_put.default(x, [None, None, i], v)),
 ]
 
 
