@@ -64,7 +64,8 @@ class Plan:
         self.cuda_graph: GraphRunner | None = None
         log(f"plan {self.graph.name}: CUDA graph: {decision.note}")
         # a reuse plan the estimate turned down may still capture: at its second call it knows which inputs
-        # are another plan's captured outputs (read in place, not copied) and decides again
+        # are another plan's captured outputs (read in place, not copied) and decides again (a forced one
+        # only recounts its copies there)
         deferred = outputs == "reuse" and requested is None and decision.by_estimate
         if not decision.capture and not deferred:
             return
@@ -79,7 +80,7 @@ class Plan:
                 self.cuda_graph_copies = 0
 
         def redecide(chained: frozenset[int]) -> GraphDecision:
-            again = decide(None, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
+            again = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
                            static_inputs=set(self.static_inputs) | chained)
             self.cuda_graph_copies = again.copies if again.capture else 0
             return again
@@ -87,7 +88,7 @@ class Plan:
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
                                       alias_outputs, install, set_note, self.static_inputs,
                                       [n.name for n in self.graph.inputs], outputs,
-                                      redecide if outputs == "reuse" and requested is None else None)
+                                      redecide if outputs == "reuse" else None)
         self._run_fast = self.cuda_graph.first_call
 
     @property
