@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,8 +77,8 @@ def report(step: T.TrainStep, rows: int) -> str:
     return "\n".join(lines)
 
 
-def host_profile(step: T.TrainStep, rows: int) -> str:
-    """cProfile of 5 steps (after warm-up): where the host's Python time goes, by own time."""
+def host_profile(step: Callable[[], Any], rows: int, calls: int = 5) -> str:
+    """cProfile of `calls` calls (after warm-up): where the host's Python time goes, by own time."""
     import cProfile
     import io
     import pstats
@@ -86,7 +87,7 @@ def host_profile(step: T.TrainStep, rows: int) -> str:
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(5):
+    for _ in range(calls):
         step()
     torch.cuda.synchronize()
     profiler.disable()
@@ -94,7 +95,7 @@ def host_profile(step: T.TrainStep, rows: int) -> str:
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("tottime").print_stats(rows)
     stats.sort_stats("cumulative").print_stats(rows)
-    return "host Python profile of 5 steps:\n" + out.getvalue()
+    return f"host Python profile of {calls} calls:\n" + out.getvalue()
 
 
 def main() -> None:
@@ -111,9 +112,14 @@ def main() -> None:
         report(step, args.rows)
     if args.cprofile:
         text += "\n\n" + host_profile(step, args.rows * 2)
+    emit(text, "host_syncs.txt")
+
+
+def emit(text: str, name: str) -> None:
+    """Print `text` and append it to $OUT/`name` when OUT is set."""
     print(text)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "host_syncs.txt"), "a") as f:
+        with open(os.path.join(os.environ["OUT"], name), "a") as f:
             f.write(text + "\n")
 
 

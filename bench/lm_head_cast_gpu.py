@@ -18,6 +18,7 @@ import fusegraph as fg
 from fusegraph.tune import bench_ms
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_syncs_gpu import emit
 from pad_align_gpu import make_inputs
 
 
@@ -42,11 +43,7 @@ def main() -> None:
                          f"   tuning: {kernel.tuning}")
     ms = bench_ms(lambda: plan(*inputs))
     lines.append(f"plan: {ms:.3f} ms per call ({len(plan.kernels)} kernels)")
-    text = "\n".join(lines)
-    print(text)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "lm_head_cast.txt"), "w") as f:
-            f.write(text + "\n")
+    emit("\n".join(lines), "lm_head_cast.txt")
 
 
 if __name__ == "__main__":

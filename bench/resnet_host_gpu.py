@@ -8,10 +8,7 @@ time exceeds single-call latency (host work after the outputs are ready).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import sys
 
 import torch
@@ -21,6 +18,7 @@ from fusegraph.perf.timing import call_latency, device_time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets_gpu as T
+from host_syncs_gpu import emit, host_profile
 from zoo_models import ensure_torchvision_importable
 
 
@@ -44,15 +42,7 @@ def main() -> None:
     torch.cuda.synchronize()
     dev = device_time(call, calls=20, repeats=3, graph=False).ms
     lat = call_latency(call)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(10):
-        call()
-    torch.cuda.synchronize()
-    profiler.disable()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(18)
-    print(f"device back to back {dev:.3f} ms, latency {lat}\n{out.getvalue()}")
+    emit(f"device back to back {dev:.3f} ms, latency {lat}\n{host_profile(call, 18, calls=10)}", "resnet_host.txt")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from conftest import assert_close, rand
 from fusegraph.runtime import cuda_graph
 from test_runtime_cuda_graph import block, eager
 
-fake_cuda = base.fake_cuda   # the fixture: CPU plans capture with the stand-in graph
+fake_cuda = base.fake_cuda   # fixtures: CPU plans capture with the stand-in graph; partitions built
+built_partitions = base.built_partitions
 
 
 @pytest.fixture(autouse=True)
@@ -134,21 +135,13 @@ def test_reuse_is_a_known_option() -> None:
 
 
 @pytest.mark.usefixtures("fake_cuda")
-def test_reduce_overhead_training_reuses_activations_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reduce_overhead_training_reuses_activations_and_gradients(built_partitions: list[Any]) -> None:
     """torch.compile(mode="reduce-overhead") training: forward and backward plans are captured with
     graph_outputs="reuse", the backward reads the forward's captured activations in place, and four
     optimizer steps match eager step for step."""
-    from fusegraph.frontends import torch_partition
     from fusegraph.frontends.torch_backend import Session
 
-    built: list[Any] = []
-    original = torch_partition.CompiledPartition._build
-
-    def spy(self: Any, input_vals: Any, build_options: Any) -> None:
-        original(self, input_vals, build_options)
-        built.append(self)
-
-    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    built = built_partitions
     assert Session("reduce-overhead")._build_options("backward")["graph_outputs"] == "reuse"
     assert "graph_outputs" not in Session("reduce-overhead")._build_options("inference")
     torch._dynamo.reset()

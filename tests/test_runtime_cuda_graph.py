@@ -355,7 +355,9 @@ def test_static_inputs_from_build_and_tensor_like(fake_cuda: None) -> None:
         compile_graph(g.to_ir(), "cpu", static_inputs=[3])
 
 
-def test_torch_frontend_marks_parameters_static(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def built_partitions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every torch-backend partition built while the test runs (its .plan)."""
     from fusegraph.frontends import torch_partition
 
     built: list[Any] = []
@@ -366,6 +368,11 @@ def test_torch_frontend_marks_parameters_static(monkeypatch: pytest.MonkeyPatch)
         built.append(self)
 
     monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    return built
+
+
+def test_torch_frontend_marks_parameters_static(built_partitions: list[Any]) -> None:
+    built = built_partitions
     torch._dynamo.reset()
     model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU())
     compiled = torch.compile(model, backend=Session("reduce-overhead"))
