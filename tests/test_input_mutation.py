@@ -102,6 +102,9 @@ def test_kv_cache_written_in_place_matches_eager(write: str) -> None:
     # the partition's Plan declares the caches static: a captured CUDA graph writes them, not copies
     (part,) = graph.partitions
     assert len(part.plan.static_inputs) >= 2
+    # the memory plan counts no cache-sized buffer of its own for the in-place writes
+    cache_bytes = mine.k_cache.numel() * mine.k_cache.element_size()
+    assert all(b.nbytes < cache_bytes for b in part.plan.memory.buffers), part.plan.memory.buffers
 
 
 def test_fx_graph_given_to_partitioning_has_no_write_back() -> None:

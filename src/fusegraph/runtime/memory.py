@@ -283,14 +283,19 @@ def _value_bytes(node: Any) -> int:
     return sum(spec.nbytes for spec in node.specs)
 
 
+# library ops that write into their first input and return it (frontends/input_mutation.py: a KV cache
+# updated in place)
+WRITES_FIRST_INPUT = frozenset({"index_copy_inplace", "index_put_inplace"})
+
+
 def _aliasing(kernel: Any) -> bool:
-    """True when the kernel's output is a view of its first input (no bytes of its own): view
-    kernels, and reference kernels of one VIEW op or a getitem."""
+    """True when the kernel's output is its first input or a view of it (no bytes of its own): view
+    kernels, and reference kernels of one VIEW op, a getitem or an in-place write."""
     if kernel.kind == "view":
         return True
     if kernel.backend in ("reference", "eager") and len(kernel.nodes) == 1 and kernel.inputs:
         node = kernel.nodes[0]
-        return node.op == "getitem" or get_op(node.op).has(VIEW)
+        return node.op == "getitem" or node.op in WRITES_FIRST_INPUT or get_op(node.op).has(VIEW)
     return False
 
 
