@@ -306,7 +306,9 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
             stage = max((a.stage for a in args), default=0)
             entry = Entry("", node, emb, "op", tuple(a.key for a in args),
                           full=any(a.full for a in args), stage=stage)
-        entry.key = f"v{len(order)}_{_ident(node.name)}"  # numbered when made: unique
+        # numbered when made (unique); named by the op, not the node, so that the same kernel in every
+        # layer has the same source (compiled and tuned once: codegen/compile.shared_kernel_text)
+        entry.key = f"v{len(order)}_{_ident(node.op)}"
         entries[key] = entry
         order.append(entry)
         return entry

@@ -12,7 +12,7 @@ import hashlib
 import json
 import numbers
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .config import Config
@@ -115,11 +115,25 @@ def candidates_digest(candidates: Sequence[Config]) -> str:
 
 def full_key(name: str, key: Mapping[str, Any], candidates: Sequence[Config], gpu: Mapping[str, str],
              versions: Mapping[str, str | None] | None = None) -> FullKey:
+    from ..codegen.compile import shared_kernel_text
+
+    # identical kernels at different plan positions (every layer's copy) share one tuning
     return {
         "schema": SCHEMA_VERSION,
-        "name": name,
-        "key": canonical(key, f"autotune key of {name}"),
+        "name": shared_kernel_text(name),
+        "key": _shared(canonical(key, f"autotune key of {name}"), shared_kernel_text),
         "candidates": candidates_digest(candidates),
         "gpu": canonical(gpu, "gpu"),
         "versions": canonical(library_versions() if versions is None else versions, "versions"),
     }
+
+
+def _shared(value: Any, text: Callable[[str], str]) -> Any:
+    """`value` (canonical JSON-like data) with `text` applied to every string in it."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {k: _shared(v, text) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_shared(v, text) for v in value)
+    return value
