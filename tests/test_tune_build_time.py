@@ -359,3 +359,31 @@ def test_untimed_gemm_choice_is_checked_against_the_reference_launch():
     check_same(got, reference(example), "checked")
     with pytest.raises(ValueError):
         check_same([t * 2 + 1 for t in got], reference(example), "broken")
+
+
+def test_plan_precompiles_a_repeated_block_once(gpu, monkeypatch):
+    """Two identical GEMM + relu blocks: the second block's kernels are the first's (same source up to
+    the kernel positions), so the plan submits each kernel's compile jobs once."""
+    from fusegraph import lower
+    from fusegraph.backends import matmul_kernel, plan_precompile
+    from fusegraph.fusion.epilogue import claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    def items(blocks: int) -> list:
+        g = fg.Graph(name="blocks", compute_dtype="float32")
+        h = g.tensor((4, 1024, 1024), dtype="bfloat16", name="x")
+        for i in range(blocks):
+            w = g.tensor((1024, 1024), dtype="bfloat16", name=f"w{i}")
+            h = g.relu(g.matmul(h, w))
+        h.set_output()
+        plan = g.build(device="cpu")
+        return claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+
+    cpu_inputs = lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes]  # noqa: E731
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
+    monkeypatch.setattr(matmul_kernel, "_tma_available", lambda device: False)
+    monkeypatch.setattr(matmul_kernel, "_example_inputs", cpu_inputs)
+    monkeypatch.setattr(lower, "_example_inputs", cpu_inputs)
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
+    one = plan_precompile.precompile_plan(items(1), "cuda", {})
+    assert one > 0 and plan_precompile.precompile_plan(items(3), "cuda", {}) == one

@@ -267,15 +267,19 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     return dict(result.config.values)
 
 
-def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str) -> list[Any]:
+def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] | None = None) -> list[Any]:
     """Compile jobs (tune/precompile.py) for the Triton candidates this GEMM's build will compile:
     the first config when it is launch-bound or autotuning is off, the memo/disk-cached choice when
-    there is one, else every kept config; [] when it has no Triton GEMM."""
+    there is one, else every kept config; [] when it has no Triton GEMM, or when `seen` already has
+    its sources (the same GEMM in another layer)."""
     from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
+    from .plan_precompile import first_time
 
     if gemm_supported(group) is not None:
         return []
     gen = generate_gemm(group, name)
+    if not first_time(gen.all_sources, seen):
+        return []
     if device.startswith("cuda") and _library_only(gen):
         return []
     configs = _gemm_candidates(gen, device, group)

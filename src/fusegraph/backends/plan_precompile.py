@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..codegen.compile import interpreting, load_triton_function
+from ..codegen.compile import interpreting, load_triton_function, shared_kernel_text
 from ..settings import settings
 
 log = logging.getLogger("fusegraph.backends")
@@ -34,21 +34,34 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
     if not device.startswith("cuda") or not settings.use_triton or interpreting():
         return 0
     jobs: list[Any] = []
+    seen: set[str] = set()   # kernels already submitted (the same kernel in every layer compiles once)
     for k, item in enumerate(items):
         try:
             if isinstance(item, MatmulGroup):
-                jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device)
+                jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device, seen)
             elif isinstance(item, RowColumnGroup):
-                jobs += row_column_warmup_jobs(item, k, device, options)
+                jobs += row_column_warmup_jobs(item, k, device, options, seen)
             elif isinstance(item, KernelGroup) and not isinstance(item, ConvGroup):
-                jobs += fused_warmup_jobs(item, k, device, options)
+                jobs += fused_warmup_jobs(item, k, device, options, seen=seen)
         except Exception as err:  # the kernel's own build reports it
             log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
     compile_in_parallel(jobs)
     return len(jobs)
 
 
-def row_column_warmup_jobs(pair: Any, k: int, device: str, options: dict[str, Any]) -> list[Any]:
+def first_time(source: str, seen: set[str] | None) -> bool:
+    """Record `source` (up to kernel positions) in `seen`; False when it was there already."""
+    if seen is None:
+        return True
+    shared = shared_kernel_text(source)
+    if shared in seen:
+        return False
+    seen.add(shared)
+    return True
+
+
+def row_column_warmup_jobs(pair: Any, k: int, device: str, options: dict[str, Any],
+                           seen: set[str] | None = None) -> list[Any]:
     """Compile jobs for a row + column pair built as one pass (as lower.row_column_kernels writes
     it); [] when the pair is not eligible (its two kernels then compile where they are built)."""
     from ..codegen.configs import MAX_ROW_BLOCK
@@ -60,13 +73,14 @@ def row_column_warmup_jobs(pair: Any, k: int, device: str, options: dict[str, An
         gen = RowColumnWriter(pair, name).write_pair(int(options.get("max_row_block", MAX_ROW_BLOCK)))
     except NotEligible:
         return []
-    return fused_warmup_jobs(pair, k, device, options, generated=gen)
+    return fused_warmup_jobs(pair, k, device, options, generated=gen, seen=seen)
 
 
-def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], generated: Any = None) -> list[Any]:
+def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], generated: Any = None,
+                      seen: set[str] | None = None) -> list[Any]:
     """Compile jobs for a fused group (each launch of each config: two for split reductions): its
     first config when it is not timed (launch-bound, or a heuristic config under tune "fast"), the
-    cached choice, else every candidate."""
+    cached choice, else every candidate; [] when `seen` already has its source (another layer's copy)."""
     from ..codegen.configs import candidate_configs, launch_parameters
     from ..codegen.triton_gen import generate
     from ..lower import _example_inputs, _summary, group_cost
@@ -76,6 +90,8 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], 
 
     name = f"fg_k{k}_{_summary(group)}"
     gen = generated if generated is not None else generate(group, name)
+    if not first_time(gen.source, seen):
+        return []
     candidates = candidate_configs(gen, options)
     shape = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
                    inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=group_cost(group),
