@@ -227,8 +227,9 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
 
         Options (compiler.compile_graph lists them all) include cuda_graphs=True|False|None: replay the
         plan as one captured CUDA graph (None, the default: automatically when that is estimated to be
-        faster; plan.cuda_graph_note says what was decided and why) and graph_outputs="copy"|"alias"
-        ("alias": the graph's output buffers are returned as they are, valid until the next call), and
+        faster; plan.cuda_graph_note says what was decided and why) and graph_outputs="copy"|"alias"|"reuse"
+        ("alias": the graph's output buffers are returned as they are, valid until the next call;
+        "reuse": returned while the previous call's are no longer referenced, see runtime/cuda_graph.py), and
         static_inputs=[handle, ...]: more inputs to treat as declared with static=True."""
         from .compiler import compile_graph
 
