@@ -109,6 +109,10 @@ _register("recompute", bool, lambda: False,
           "Training graphs: split forward/backward with AOTAutograd's min-cut rematerialization partitioner "
           "(recompute cheap pointwise chains in the backward instead of saving them; off by default: slower in "
           "our plans on the H200 GPT-2 step); off: save every intermediate the backward reads.")
+_register("recompute_saved", bool, lambda: True,
+          "Training graphs: pointwise values the backward reads are recomputed there from a value it saves "
+          "anyway, instead of being saved (frontends/saved_recompute.py; e.g. GPT-2's GELU saves x, not x and "
+          "three functions of it); off: the default partitioner's choice.")
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")

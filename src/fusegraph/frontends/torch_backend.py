@@ -42,6 +42,7 @@ from ..settings import override, settings
 from .causal_mask import rewrite_causal_masks
 from .input_mutation import aot_autograd_options
 from .loss_rewrite import rewrite_log_softmax_for_backward
+from .saved_recompute import recompute_saved_pointwise
 from .torch_ops import native_ops
 from .torch_partition import GraphRecord, partition_graph, warn_fallback
 
@@ -77,6 +78,8 @@ def partition_fn() -> Callable[..., Any]:
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
         rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
+        if settings.recompute_saved and not settings.recompute:   # (min-cut recomputes by its own rules)
+            recompute_saved_pointwise(joint_module)
         return base(joint_module, joint_inputs, **kwargs)
 
     return partition
