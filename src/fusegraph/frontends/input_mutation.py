@@ -42,7 +42,7 @@ import torch.fx
 
 from ..errors import ShapeError
 from ..ir.node import Attrs
-from ..ir.registry import NO_UPCAST, RANDOM, Cost, define
+from ..ir.registry import NO_UPCAST, RANDOM, WRITES_INPUT, Cost, define
 from ..ir.spec import TensorSpec
 
 aten = torch.ops.aten
@@ -279,15 +279,16 @@ def _index_put_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: At
     return Cost(sum(i.nbytes for i in indices) + values.nbytes + numel * x.itemsize, 0)
 
 
-# RANDOM: not pure (never CSE'd or constant-folded); NO_UPCAST: the destination in its own dtype
+# RANDOM: not pure (never CSE'd or constant-folded); NO_UPCAST: the destination in its own dtype;
+# WRITES_INPUT: the output is the first input's memory (the memory plan gives it no buffer)
 define("index_copy_inplace", _inplace_index_copy_infer, _inplace_index_copy_ref, num_inputs=(3, 3),
-       props={NO_UPCAST, RANDOM},
+       props={NO_UPCAST, RANDOM, WRITES_INPUT},
        cost_fn=lambda i, o, a: Cost(i[1].nbytes + 2 * i[2].nbytes, 0),
        doc="x.index_copy_(dim, index, source) on a graph input x (a module buffer such as a KV cache): "
            "writes only the indexed slices into x's memory and returns x. Made by the torch frontend "
            "for a kept input mutation (frontends/input_mutation.py); not for graphs built by hand.")
 define("index_put_inplace", _inplace_index_put_infer, _inplace_index_put_ref, num_inputs=(3, -1),
-       props={NO_UPCAST, RANDOM},
+       props={NO_UPCAST, RANDOM, WRITES_INPUT},
        cost_fn=_index_put_cost,
        doc="x.index_put_(indices, values) (accumulate=False) on a graph input x: writes only the indexed "
            "region into x's memory and returns x; inputs (x, values, *index tensors), attrs index_dims. "

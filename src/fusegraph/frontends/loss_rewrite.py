@@ -50,7 +50,7 @@ FORWARD, BACKWARD = "is_forward", "is_backward"
 def rewrite_log_softmax_for_backward(gm: fx.GraphModule) -> int:
     """Rewrite a joint graph's log-softmaxes as the module doc says; how many rewrites (log-softmaxes + row sums)."""
     graph = gm.graph
-    backward = _backward_nodes(graph)
+    backward = backward_nodes(graph)
     if backward is None or detect_fake_mode(_vals(graph)) is None:
         return 0
     count = 0
@@ -268,7 +268,7 @@ def _rewrite_nll_backward_row_sums(graph: fx.Graph) -> int:
 
 # ---------------- building nodes ----------------
 
-def _backward_nodes(graph: fx.Graph) -> set[fx.Node] | None:
+def backward_nodes(graph: fx.Graph) -> set[fx.Node] | None:
     """The nodes default_partition puts in the backward: those after the last forward-tagged node or
     primal input. None when the graph carries no partitioner tags (then nothing is rewritten)."""
     nodes = list(graph.nodes)

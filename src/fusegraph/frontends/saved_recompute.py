@@ -28,20 +28,21 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .loss_rewrite import BACKWARD, backward_nodes
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 MAX_CHAIN = 12   # ops in one recipe
 PASS_THROUGH = frozenset({aten.detach.default, aten.alias.default, prims.convert_element_type.default,
                           aten._to_copy.default})
-FORWARD, BACKWARD = "is_forward", "is_backward"
 
 
 def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
     """Rewrite the joint graph as the module doc says; returns how many saved values were dropped."""
     graph = gm.graph
     nodes = list(graph.nodes)
-    backward = _backward_nodes(nodes)
+    backward = backward_nodes(graph)
     if not backward:
         return 0
     forward = [n for n in nodes if n not in backward and n.op != "output"]
@@ -77,16 +78,6 @@ def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return len(recipes)
-
-
-def _backward_nodes(nodes: list[fx.Node]) -> set[fx.Node]:
-    """The nodes the partitioner puts in the backward: after the last forward-tagged node or primal
-    input (empty when the graph carries no partitioner tags)."""
-    if not any(n.meta.get("partitioner_tag") in (FORWARD, BACKWARD) for n in nodes):
-        return set()
-    last = max((i for i, n in enumerate(nodes) if n.meta.get("partitioner_tag") == FORWARD or
-                (n.op == "placeholder" and str(n.target).startswith("primals"))), default=-1)
-    return {n for n in nodes[last + 1:] if n.op != "output"}
 
 
 def _recipe(value: fx.Node, saved: set[fx.Node]) -> list[fx.Node] | None:

@@ -28,6 +28,7 @@ RANDOM = "random"                  # not pure: never CSE'd or folded
 SOURCE = "source"                  # input / constant: no inputs
 MATMUL = "matmul"                  # tensor-core work
 NO_UPCAST = "no_upcast"            # reference sees its inputs' own dtypes (not compute_dtype)
+WRITES_INPUT = "writes_input"      # writes into its first input's memory and returns it (no bytes of its own)
 
 InferFn = Callable[[Sequence[TensorSpec], Attrs], "TensorSpec | tuple[TensorSpec, ...]"]
 RefFn = Callable[..., Any]

@@ -275,10 +275,10 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
         lines += [f"    if {' or '.join(f's{i}.data_ptr() != P{i}' for i in by_reference)}:",
                   "        return MOVED(inputs)"]
     checks = []
-    tracked = [o for o in captured.static_outputs if _storage_bytes(o) > SMALL_OUTPUT_BYTES]
+    tracked = {id(o) for o in captured.static_outputs if _storage_bytes(o) > SMALL_OUTPUT_BYTES}
     if live is not None:
         env.update(LIVE=live, USE=torch._C._storage_Use_Count)
-        for j, (cdata, _) in enumerate(output_storages(tracked)):
+        for j, (cdata, _) in enumerate(output_storages([o for o in captured.static_outputs if id(o) in tracked])):
             env[f"C{j}"] = cdata
             checks.append(j)
         if checks:
@@ -295,7 +295,7 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     for j, out in enumerate(captured.static_outputs):
         env[f"O{j}"] = out
         if live is not None:   # small outputs (a loss the caller keeps for logging) are cloned, not tracked
-            results.append(f"O{j}.detach()" if any(out is t for t in tracked) else f"O{j}.clone()")
+            results.append(f"O{j}.detach()" if id(out) in tracked else f"O{j}.clone()")
         else:
             results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
     lines += [f"        return [{', '.join(results)}]",
@@ -326,21 +326,20 @@ class GraphRunner:
     """A Plan's calls while capture is pending: the first matching call runs kernel by kernel, then
     captures (a reuse plan: on the second matching call); from then on the Plan calls the generated
     replay function. `install` swaps the Plan's per-call function; `capture_fn` is `capture` (tests
-    put a stand-in here on CPU); `static_inputs` the positions of the inputs captured by reference;
-    `input_names` name them in warnings; `outputs` is the graph_outputs mode."""
+    put a stand-in here on CPU); `outputs` the graph_outputs mode; `static_inputs` the positions of
+    the inputs captured by reference; `input_names` name them in warnings."""
 
     def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
-                 guard: tuple[list[str], dict[str, Any]], alias_outputs: bool, install: Callable[[RunFn], None],
+                 guard: tuple[list[str], dict[str, Any]], outputs: str, install: Callable[[RunFn], None],
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
-                 input_names: Sequence[str] = (), outputs: str | None = None,
+                 input_names: Sequence[str] = (),
                  redecide: Callable[[frozenset[int]], GraphDecision] | None = None) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
         self.matches = matches
         self.guard = guard
-        self.outputs = outputs or ("alias" if alias_outputs else "copy")
-        self.alias_outputs = self.outputs != "copy"
+        self.outputs = outputs
         self.install = install
         self.set_note = set_note
         self.static_inputs = frozenset(static_inputs)
@@ -406,20 +405,20 @@ class GraphRunner:
                 return self.run_plain(inputs)
             self.decided_again = f"at capture: {decision.note}; "
         replay = self._capture(inputs, self.static_inputs | self.chained_inputs)
-        if replay is None:
+        captured = self.captured
+        if replay is None or captured is None:
             return self.run_plain(inputs)
-        for _, ptr in output_storages(self.captured.static_outputs if self.captured else []):
-            _reused_outputs[ptr] = self.captured   # type: ignore[assignment]
-        if self.captured is not None:   # the chained buffers belong to their plan: hold no reference
-            for i in self.chained_inputs:
-                self.captured.static_inputs[i] = None
+        for _, ptr in output_storages(captured.static_outputs):
+            _reused_outputs[ptr] = captured
+        for i in self.chained_inputs:   # the chained buffers belong to their plan: hold no reference
+            captured.static_inputs[i] = None
         return replay(inputs)
 
     def _capture(self, inputs: Sequence[Any], by_reference: frozenset[int]) -> RunFn | None:
         try:
             self.captured = self.capture_fn(self.run_plain, inputs, by_reference)
             replay, self.replay_source = compile_replay(
-                self.guard[0], self.guard[1], self.n_in, self.captured, self.alias_outputs, self.name, self.moved,
+                self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs != "copy", self.name, self.moved,
                 self.live if self.outputs == "reuse" else None)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.registry import POINTWISE, VIEW, get_op
+from ..ir.registry import POINTWISE, VIEW, WRITES_INPUT, get_op
 from .launch import TritonLaunch
 
 ALIGN = 256   # bytes: every planned buffer starts at a multiple (CUDA allocations are 512-aligned)
@@ -283,11 +283,6 @@ def _value_bytes(node: Any) -> int:
     return sum(spec.nbytes for spec in node.specs)
 
 
-# library ops that write into their first input and return it (frontends/input_mutation.py: a KV cache
-# updated in place)
-WRITES_FIRST_INPUT = frozenset({"index_copy_inplace", "index_put_inplace"})
-
-
 def _aliasing(kernel: Any) -> bool:
     """True when the kernel's output is its first input or a view of it (no bytes of its own): view
     kernels, and reference kernels of one VIEW op, a getitem or an in-place write."""
@@ -295,7 +290,7 @@ def _aliasing(kernel: Any) -> bool:
         return True
     if kernel.backend in ("reference", "eager") and len(kernel.nodes) == 1 and kernel.inputs:
         node = kernel.nodes[0]
-        return node.op == "getitem" or node.op in WRITES_FIRST_INPUT or get_op(node.op).has(VIEW)
+        return node.op == "getitem" or get_op(node.op).has(VIEW) or get_op(node.op).has(WRITES_INPUT)
     return False
 
 

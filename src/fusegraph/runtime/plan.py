@@ -56,9 +56,8 @@ class Plan:
         """Decide whether this plan is replayed as one CUDA graph (runtime/cuda_graph.py has the
         rule); when it is, the first matching call runs kernel by kernel and then captures."""
         self.graph_outputs = outputs
-        alias_outputs = outputs != "copy"
         decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
-                          alias_outputs, static_inputs=self.static_inputs)
+                          outputs != "copy", static_inputs=self.static_inputs)
         self.cuda_graph_note = decision.note
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
@@ -86,8 +85,8 @@ class Plan:
             return again
 
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
-                                      alias_outputs, install, set_note, self.static_inputs,
-                                      [n.name for n in self.graph.inputs], outputs,
+                                      outputs, install, set_note, self.static_inputs,
+                                      [n.name for n in self.graph.inputs],
                                       redecide if outputs == "reuse" else None)
         self._run_fast = self.cuda_graph.first_call
 
