@@ -424,3 +424,26 @@ def test_real_capture_on_gpu() -> None:
     assert plan.cuda_graph_captured, plan.cuda_graph_note
     for y, x_t in outs:
         assert_close(y, torch.softmax(torch.relu(x_t + x_t) @ w_t, dim=-1), tol=1e-2)
+
+
+def test_a_captured_plan_runs_kernel_by_kernel_inside_the_callers_capture(
+        fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.graph around a compiled model that already captured its plan: a replay cannot be
+    captured (torch raises), so those calls launch the kernels into the caller's graph instead."""
+    capturing = [False]
+    monkeypatch.setattr(cuda_graph, "stream_capturing", lambda: capturing[0])
+    for outputs in ("copy", "reuse"):
+        plan, _ = block(graph_outputs=outputs)
+        w = rand(16, 12)
+        for _ in range(2):
+            plan(rand(8, 16), w)
+        runner = plan.cuda_graph
+        assert plan.cuda_graph_captured and "CAPTURING()" in runner.replay_source
+        replays = runner.captured.graph.replays
+        capturing[0] = True
+        x = rand(8, 16)
+        assert_close(plan(x, w)[0], eager(x, w)[0])
+        assert runner.captured.graph.replays == replays and runner.nested_calls == 1
+        capturing[0] = False
+        plan(x, w)
+        assert runner.captured.graph.replays == replays + 1

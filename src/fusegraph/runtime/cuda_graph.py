@@ -254,9 +254,11 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
                    alias_outputs: bool, name: str, moved: RunFn | None = None,
-                   live: RunFn | None = None) -> tuple[RunFn, str]:
+                   live: RunFn | None = None, plain: RunFn | None = None) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
-    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), for the inputs read
+    (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), with `plain` a check
+    that the caller is not capturing a CUDA graph of its own (a replay cannot be captured: such a call
+    runs kernel by kernel, which the caller's graph records), for the inputs read
     in place a check that each is at its captured address (else the call goes to `moved`), with
     `live` (reuse outputs) a check that the previous call's outputs are no longer referenced (else
     the call goes to `live`), one copy_ per other input into the captured buffers, the replay, and the
@@ -265,6 +267,9 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
+    if plain is not None:
+        env.update(PLAIN=plain, CAPTURING=stream_capturing)
+        lines += ["    if CAPTURING():", "        return PLAIN(inputs)"]
     by_reference = sorted(captured.by_reference)
     if by_reference:
         if moved is None:
@@ -348,6 +353,7 @@ class GraphRunner:
         self.replay_source = ""        # the generated per-call function once captured
         self.moved_calls = 0           # calls run kernel by kernel: an input read in place was elsewhere
         self.live_calls = 0            # reuse: calls run kernel by kernel, the previous outputs still referenced
+        self.nested_calls = 0          # calls inside the caller's own CUDA-graph capture: kernel by kernel
         self.chained_inputs: frozenset[int] = frozenset()   # reuse: inputs read in another plan's outputs
         self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor], Collection[int]], Captured] = capture
         # a reuse plan under the automatic rule decides again at capture, knowing which inputs it reads in place
@@ -377,6 +383,14 @@ class GraphRunner:
         if self.live_calls == 0:
             log(f"plan {self.name}: the previous call's outputs are still referenced: running kernel by kernel")
         self.live_calls += 1
+        return self.run_plain(inputs)
+
+    def in_callers_capture(self, inputs: Sequence[Any]) -> list[Any]:
+        """A call while the caller captures its own CUDA graph (torch.cuda.graph around the compiled
+        model): our replay cannot be captured, so the kernels launch one by one into their graph."""
+        if self.nested_calls == 0:
+            log(f"plan {self.name}: called inside the caller's CUDA-graph capture: kernel by kernel")
+        self.nested_calls += 1
         return self.run_plain(inputs)
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
@@ -419,7 +433,7 @@ class GraphRunner:
             self.captured = self.capture_fn(self.run_plain, inputs, by_reference)
             replay, self.replay_source = compile_replay(
                 self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs != "copy", self.name, self.moved,
-                self.live if self.outputs == "reuse" else None)
+                self.live if self.outputs == "reuse" else None, self.in_callers_capture)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
