@@ -447,3 +447,29 @@ def test_a_captured_plan_runs_kernel_by_kernel_inside_the_callers_capture(
         capturing[0] = False
         plan(x, w)
         assert runner.captured.graph.replays == replays + 1
+
+
+@pytest.mark.parametrize(("host_ms", "span_ms", "captured"), [(0.95, 1.0, True), (1.4, 1.0, True), (0.3, 1.0, False)])
+def test_a_plan_the_estimate_turned_down_is_measured_then_captured_if_host_bound(
+        monkeypatch: pytest.MonkeyPatch, host_ms: float, span_ms: float, captured: bool) -> None:
+    """Device-bound on paper (the estimate said no): the second call times the host against the GPU
+    span, and the plan captures only when the host took at least HOST_BOUND of it."""
+    monkeypatch.setattr(plan_module, "decide",
+                        lambda requested, device, kernels, inputs, outputs, alias=False, static_inputs=():
+                        GraphDecision(False, "test: not worth it", len(inputs) + len(outputs), by_estimate=True))
+    monkeypatch.setattr(cuda_graph, "capture", fake_capture)
+    monkeypatch.setattr(cuda_graph, "measure_call", lambda run, inputs: (run(inputs), host_ms / 1e3, span_ms / 1e3))
+    plan, _ = block()
+    runner = plan.cuda_graph
+    assert runner is not None and runner.measure
+    w = rand(16, 12)
+    plan(rand(8, 16), w)                                    # the warm-up: neither measured nor captured
+    assert runner.measured is None and not plan.cuda_graph_captured
+    x2 = rand(8, 16)
+    assert_close(plan(x2, w)[0], eager(x2, w)[0])           # measured (and captured after it if host-bound)
+    assert runner.measured == (host_ms / 1e3, span_ms / 1e3)
+    assert plan.cuda_graph_captured == captured and "measured at the second call" in plan.cuda_graph_note
+    assert ("host-bound" in plan.cuda_graph_note) == captured and plan.cuda_graph_copies == (4 if captured else 0)
+    x3 = rand(8, 16)
+    assert_close(plan(x3, w)[0], eager(x3, w)[0])
+    assert (runner.captured.graph.replays == 1) if captured else runner.captured is None

@@ -23,6 +23,16 @@ capture off everywhere. Not capturable: a Plan not on CUDA, without kernels, wit
 host_sync (reads a value back), or with an input whose strides overlap (cannot be copied into).
 The reason is kept on plan.cuda_graph_note (and printed under FUSEGRAPH_DEBUG >= 1).
 
+The estimate knows the device side (floors) better than the host side: a launch through a library's
+Python API (a cuDNN frontend graph, a torch op) costs several times LAUNCH_US on the host, and the
+same Python is slower in a process holding millions of objects. So a plan the estimate turns down
+(device-bound on paper) measures instead at its second call, the first after the warm-up: the host
+time until its launches are queued against the span of the call on the GPU (CUDA events, one
+synchronize, once). When the host took at least HOST_BOUND of that span, the GPU was waiting on
+the host for most of the call: the plan is captured then (ResNet-50 at batch 128 on the H200: 59
+kernels, ~55 of them cuDNN frontend plans, 4.4 ms of kernels but 4.9-6.6 ms of host time per call).
+Otherwise it stays kernel by kernel, and the note says so with the numbers.
+
 Outputs (graph_outputs): "copy" (the default) returns clones; "alias" returns the captured buffers
 themselves, which the next replay overwrites (the caller's promise to be done with them); "reuse"
 returns the captured buffers only while that is safe. For training graphs, whose forward returns
@@ -74,6 +84,9 @@ LAUNCH_US = 20.0      # host time of one kernel launched from Python (12-20 us m
 REPLAY_US = 5.0       # host time of one CUDAGraph.replay()
 GRAPH_NODE_US = 0.6   # device-side gap per kernel inside a replayed graph
 COPY_US = 5.0         # host time of one copy_ / clone launch
+# a plan the estimate turned down is captured when, measured at its second call, the host's time to
+# queue its launches is at least this fraction of the call's span on the GPU (the GPU waited on the host)
+HOST_BOUND = 0.8
 # graph_outputs="reuse": outputs whose storage is at most this size are cloned rather than returned as
 # the captured buffer (a loss kept by `loss = step()` until after the next call would otherwise send
 # every call kernel by kernel); larger ones (activations, gradients) are returned and tracked
@@ -93,7 +106,7 @@ class GraphDecision:
     capture: bool
     note: str                # why (not), with the numbers of the estimate
     copies: int = 0          # copy_/clone launches per call when captured
-    by_estimate: bool = False  # capturable; only the estimate said no (a reuse plan decides again at capture)
+    by_estimate: bool = False  # capturable; only the estimate said no (decided again on measurements or at capture)
 
 
 def log(message: str) -> None:
@@ -327,6 +340,21 @@ def output_storages(outputs: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
     return [(cdata, ptr) for ptr, cdata in seen.items()]
 
 
+def measure_call(run: RunFn, inputs: Sequence[Any]) -> tuple[list[Any], float, float]:
+    """Run one call and return (outputs, host seconds until run returned, seconds the call spanned on
+    the GPU from its first launch to its last kernel's end). Synchronizes once."""
+    import time
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    outs = run(inputs)
+    host = time.perf_counter() - t0
+    end.record()
+    end.synchronize()
+    return outs, host, start.elapsed_time(end) / 1e3
+
+
 class GraphRunner:
     """A Plan's calls while capture is pending: the first matching call runs kernel by kernel, then
     captures (a reuse plan: on the second matching call); from then on the Plan calls the generated
@@ -338,7 +366,8 @@ class GraphRunner:
                  guard: tuple[list[str], dict[str, Any]], outputs: str, install: Callable[[RunFn], None],
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
                  input_names: Sequence[str] = (),
-                 redecide: Callable[[frozenset[int]], GraphDecision] | None = None) -> None:
+                 redecide: Callable[[frozenset[int]], GraphDecision] | None = None,
+                 measure: bool = False) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
@@ -359,6 +388,9 @@ class GraphRunner:
         # a reuse plan under the automatic rule decides again at capture, knowing which inputs it reads in place
         self.redecide = redecide
         self.decided_again = ""
+        # a plan the estimate turned down (not reuse): measured at its second call, captured if host-bound
+        self.measure = measure
+        self.measured: tuple[float, float] | None = None   # (host s, GPU span s) of that call
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
         """A call whose input read in place is not at its captured address: run kernel by kernel
@@ -400,7 +432,28 @@ class GraphRunner:
         if self.outputs == "reuse":
             self.install(self.second_call)
             return outs
+        if self.measure:
+            self.install(self.measured_call)
+            return outs
         self.install(self.run_plain)    # whatever happens next, no second attempt
+        self._capture(inputs, self.static_inputs)
+        return outs
+
+    def measured_call(self, inputs: Sequence[Any]) -> list[Any]:
+        """The second call of a plan the estimate turned down: timed (host vs GPU span); captured after
+        it when the host was the bottleneck."""
+        if not self.matches(inputs) or stream_capturing():
+            return self.run_plain(inputs)
+        self.install(self.run_plain)
+        outs, host, span = measure_call(self.run_plain, inputs)
+        self.measured = (host, span)
+        numbers = (f"measured at the second call: {host * 1e3:.3f} ms of host time to queue the launches, "
+                   f"the call spanned {span * 1e3:.3f} ms on the GPU")
+        if host < HOST_BOUND * max(span, 1e-9):
+            self.set_note(f"{numbers}: device-bound, kernel by kernel")
+            log(f"plan {self.name}: {numbers}: not captured")
+            return outs
+        self.decided_again = f"{numbers}: host-bound; "
         self._capture(inputs, self.static_inputs)
         return outs
 

@@ -65,7 +65,8 @@ class Plan:
         # a reuse plan the estimate turned down may still capture: at its second call it knows which inputs
         # are another plan's captured outputs (read in place, not copied) and decides again (a forced one
         # only recounts its copies there)
-        deferred = outputs == "reuse" and requested is None and decision.by_estimate
+        # and any other plan the estimate turned down is measured at its second call (captured if host-bound)
+        deferred = requested is None and decision.by_estimate
         if not decision.capture and not deferred:
             return
         plain = self._run_fast
@@ -75,8 +76,10 @@ class Plan:
 
         def set_note(note: str) -> None:
             self.cuda_graph_note = f"{decision.note}; {note}"
-            if "failed" in note or "at capture" in note:
+            if "failed" in note or "at capture" in note or "device-bound" in note:
                 self.cuda_graph_copies = 0
+            elif self.cuda_graph is not None and self.cuda_graph.measured is not None and self.cuda_graph_captured:
+                self.cuda_graph_copies = decision.copies    # measured host-bound, then captured
 
         def redecide(chained: frozenset[int]) -> GraphDecision:
             again = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
@@ -87,7 +90,8 @@ class Plan:
         self.cuda_graph = GraphRunner(self.graph.name, len(self._expect), plain, self._matches, self._guard_source(),
                                       outputs, install, set_note, self.static_inputs,
                                       [n.name for n in self.graph.inputs],
-                                      redecide if outputs == "reuse" else None)
+                                      redecide if outputs == "reuse" else None,
+                                      measure=deferred and outputs != "reuse")
         self._run_fast = self.cuda_graph.first_call
 
     @property
