@@ -28,6 +28,7 @@ from fusegraph.perf.timing import call_latency, device_time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets_gpu as T
 from host_syncs_gpu import emit
+from resnet_host_gpu import cuda_activity
 from zoo_models import ensure_torchvision_importable
 
 OUT_NAME = "resnet_capture.txt"
@@ -93,6 +94,7 @@ def main() -> None:
                 return m(x)
         calls[name] = call
         emit(measure(name, call), OUT_NAME)
+        emit(f"    {cuda_activity(call)}", OUT_NAME)
         report = getattr(m, "fusegraph_report", None)
         for graph in getattr(report, "graphs", []):
             for part in graph.partitions:
