@@ -1,0 +1,403 @@
+"""Our Triton implicit-GEMM convolution (conv2d forward, groups == 1), an autotuned candidate of a
+ConvGroup next to cuDNN (backends/conv_kernel.py library_candidates).
+
+GEMM view of conv2d(x[N, C, H, W], w[CO, C, KH, KW]): M = N*OH*OW output pixels (rows), N = CO
+output channels (columns), K = KH*KW*C (the reduction), with k -> (kh, kw, c), c fastest. With
+channels-last operands w[co, kh, kw, c] is contiguous in that K order, and for one kh the (kw, c)
+run of an input window is contiguous in NHWC memory, so the A tile is a gather of mostly adjacent
+elements (masked at the padding border and the K tail) and the B tile a plain load. The kernel
+takes every tensor's strides, so any layout is correct (NHWC is the fast one), accumulates in
+fp32 with tl.dot (fp32 operands: exact, input_precision="ieee", unless TF32 is allowed), adds the
+bias in fp32 and stores in the output's dtype into the given output strides. Programs walk the
+tiles in grouped (swizzled) order: GROUP_M row tiles share their weight columns in L2.
+
+Where it is offered (`unsupported`): conv2d, groups == 1, fp16/bf16/fp32, and C_in <= MAX_C_IN
+(16). Why narrow input channels: cuDNN's tensor-core convolutions vectorize the channel dimension
+per filter tap (C padded to 8 or more per (kh, kw)), so a 3-channel stem wastes most of its K and
+runs near CUDA-core speed: ResNet-50's stem (b128, 3->64, 7x7/2, bf16 NHWC) takes 0.88 ms on the
+H200 against a 0.05 ms floor, and zero-padding C to 4 or 8 does not help it. Here K = 7*7*3 = 147
+is packed once and padded once (to the K tile). For wide C_in cuDNN's implicit GEMM is near the
+tensor-core floor, and every offered candidate costs compiles and timings at build time, so the
+rule keeps this kernel to the narrow convolutions it can win. FUSEGRAPH_DEBUG >= 1 prints why a
+group does not get it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ir import dtypes
+from ..ir.node import Node
+from ..ir.registry import get_op
+from ..runtime.kernel import in_strides
+from ..settings import settings
+
+KERNEL_NAME = "fg_conv2d_implicit_gemm"
+MAX_C_IN = 16
+DTYPES = ("float16", "bfloat16", "float32")
+
+TRITON_CONV_SOURCE = '''\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fg_conv2d_implicit_gemm(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    BATCH, H, W, OH, OW,
+    sxn, sxc, sxh, sxw,           # input  x[N, C, H, W] strides (NHWC: sxc == 1)
+    swo, swc, swh, sww,           # weight w[CO, C, KH, KW] strides (channels-last: swc == 1)
+    son, soc, soh, sow,           # output out[N, CO, OH, OW] strides
+    C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+    DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # GEMM view: rows m = (n, oh, ow), columns co, reduction k = (kh, kw, c) with c fastest
+    M = BATCH * OH * OW
+    K_TOTAL = KH * KW * C_IN
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(C_OUT, BLOCK_N)
+
+    # grouped tile order: GROUP_M row tiles walk the column tiles together (weights stay in L2)
+    pid = tl.program_id(0)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_rows
+    pid_n = (pid % in_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < C_OUT
+    ow = offs_m % OW
+    oh = (offs_m // OW) % OH
+    nb = (offs_m // (OW * OH)).to(tl.int64)
+    ih0 = oh * STRIDE_H - PAD_H            # top-left input pixel of each output pixel's window
+    iw0 = ow * STRIDE_W - PAD_W
+    x_rows = x_ptr + nb * sxn + ih0 * sxh + iw0 * sxw
+    w_cols = w_ptr + offs_n.to(tl.int64) * swo
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_TOTAL, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K_TOTAL
+        c = offs_k % C_IN
+        kw = (offs_k // C_IN) % KW
+        kh = offs_k // (C_IN * KW)
+        dh = kh * DIL_H
+        dw = kw * DIL_W
+        ih = ih0[:, None] + dh[None, :]
+        iw = iw0[:, None] + dw[None, :]
+        a_ok = (m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W))
+        a = tl.load(x_rows[:, None] + (c * sxc + dh * sxh + dw * sxw)[None, :], mask=a_ok, other=0.0)
+        b = tl.load(w_cols[None, :] + (c * swc + kh * swh + kw * sww)[:, None],
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out_rows = out_ptr + nb * son + oh * soh + ow * sow
+    out_ptrs = out_rows[:, None] + offs_n.to(tl.int64)[None, :] * soc
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+'''
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), best guess first; clamped to the problem.
+_TILES = (
+    (128, 64, 32, 4, 3), (128, 64, 16, 4, 4), (256, 64, 32, 8, 3), (128, 128, 32, 8, 3),
+    (64, 64, 32, 4, 4), (128, 32, 32, 4, 4), (256, 128, 32, 8, 3), (64, 128, 32, 4, 4),
+    (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (64, 32, 16, 2, 4), (32, 32, 32, 2, 2),
+)
+GROUP_M = 8
+
+
+def debug(name: str, why: str) -> None:
+    if settings.debug >= 1:
+        print(f"[fusegraph] {name}: Triton conv not used: {why}")
+
+
+def source_digest() -> str:
+    return hashlib.sha256(TRITON_CONV_SOURCE.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution: logical NCHW shapes, every operand's strides, dtype and attributes."""
+    x_shape: tuple[int, int, int, int]
+    w_shape: tuple[int, int, int, int]
+    out_shape: tuple[int, int, int, int]
+    x_strides: tuple[int, ...]
+    w_strides: tuple[int, ...]
+    out_strides: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    has_bias: bool
+    tf32: bool = False
+
+    @property
+    def m(self) -> int:
+        return self.out_shape[0] * self.out_shape[2] * self.out_shape[3]
+
+    @property
+    def k(self) -> int:
+        return self.w_shape[1] * self.w_shape[2] * self.w_shape[3]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.out_shape[1] * self.k
+
+    def key(self, device: str) -> dict[str, Any]:
+        """The tuning key: the kernel source, shapes, strides, dtype, conv attributes, device, versions."""
+        import triton
+        return {"source": source_digest(), "x": [self.x_shape, self.x_strides], "w": [self.w_shape, self.w_strides],
+                "out": [self.out_shape, self.out_strides], "dtype": self.dtype,
+                "conv": [self.stride, self.padding, self.dilation], "bias": self.has_bias, "tf32": self.tf32,
+                "device": device, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def problem_of(node: Node, out_strides: Sequence[int], tf32: bool = False) -> ConvProblem:
+    """The ConvProblem of a conv2d node whose operands arrive in their specs' memory strides."""
+    stride, padding, dilation, _ = get_op(node.op).extra["params"](node.attrs)
+    x, w = node.inputs[0].spec, node.inputs[1].spec
+    return ConvProblem(_four(x.shape), _four(w.shape), _four(node.shape), tuple(x.memory_strides),
+                       tuple(w.memory_strides), tuple(out_strides), node.dtype, tuple(stride), tuple(padding),
+                       tuple(dilation), len(node.inputs) == 3, tf32 and node.dtype == "float32")
+
+
+def _four(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    a, b, c, d = shape
+    return (int(a), int(b), int(c), int(d))
+
+
+def problem_of_tensors(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int], out_strides: Sequence[int] | None = None,
+                       tf32: bool = False) -> ConvProblem:
+    """The ConvProblem of F.conv2d(x, w, bias, ...) on these tensors (output NHWC-dense by default)."""
+    n, c, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    dense = out_strides or (oh * ow * co, 1, ow * co, co)
+    return ConvProblem((n, c, h, wd), (co, c, kh, kw), (n, co, oh, ow), tuple(x.stride()), tuple(w.stride()),
+                       tuple(dense), dtypes.canonical(x.dtype), (stride[0], stride[1]), (padding[0], padding[1]),
+                       (dilation[0], dilation[1]), bias is not None, tf32 and x.dtype == torch.float32)
+
+
+def unsupported(node: Node) -> str | None:
+    """Why our Triton conv is not offered for this node (None when it is; see the module doc)."""
+    if node.op != "conv2d":
+        return f"op {node.op} (forward conv2d only)"
+    _, _, _, groups = get_op(node.op).extra["params"](node.attrs)
+    if groups != 1:
+        return f"grouped convolution (groups={groups})"
+    if node.dtype not in DTYPES:
+        return f"dtype {node.dtype} (fp16, bf16 and fp32 only)"
+    c_in = node.inputs[1].shape[1]
+    if c_in > MAX_C_IN:
+        return f"C_in={c_in} > {MAX_C_IN}: cuDNN's implicit GEMM serves wide input channels"
+    return None
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def configs(problem: ConvProblem) -> list[dict[str, int]]:
+    """Candidate tile configs, best guess first, clamped to the problem (tl.dot needs tiles of >= 16)
+    and deduplicated."""
+    cap_m, cap_n = max(16, _pow2_at_least(problem.m)), max(16, _pow2_at_least(problem.out_shape[1]))
+    cap_k = max(16, _pow2_at_least(problem.k))
+    out: list[dict[str, int]] = []
+    for bm, bn, bk, warps, stages in _TILES:
+        if problem.dtype == "float32" and bk > 32:   # 4-byte tiles: keep shared memory in bounds
+            continue
+        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k),
+               "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def load_kernel() -> Any:
+    from ..codegen.compile import load_triton_function
+    return load_triton_function(TRITON_CONV_SOURCE, KERNEL_NAME)
+
+
+class TritonConv:
+    """Our Triton conv for one ConvProblem and one config: __call__(x, w, bias) -> the output in
+    the problem's output strides."""
+
+    def __init__(self, problem: ConvProblem, config: dict[str, int]) -> None:
+        self.problem, self.config = problem, dict(config)
+        self.fn = load_kernel()
+        p = problem
+        self.constexprs = {
+            "C_IN": p.x_shape[1], "C_OUT": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3],
+            "STRIDE_H": p.stride[0], "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1],
+            "DIL_H": p.dilation[0], "DIL_W": p.dilation[1], "HAS_BIAS": p.has_bias,
+            "INPUT_PRECISION": "ieee" if p.dtype == "float32" and not p.tf32 else "tf32",
+            "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
+            "GROUP_M": config["GROUP_M"]}
+        tiles_m = -(-p.m // config["BLOCK_M"])
+        tiles_n = -(-p.out_shape[1] // config["BLOCK_N"])
+        self.grid = (tiles_m * tiles_n,)
+        self.launch_options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+    def _args(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> list[Any]:
+        p = self.problem
+        return [x, w, bias if bias is not None else w, out, p.x_shape[0], p.x_shape[2], p.x_shape[3],
+                p.out_shape[2], p.out_shape[3], *p.x_strides, *p.w_strides, *p.out_strides]
+
+    def empty_output(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(self.problem.out_shape, self.problem.out_strides, dtype=like.dtype,
+                                   device=like.device)
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.problem   # operands in other strides than planned: copied into the planned ones
+        x, w = in_strides(x, p.x_strides), in_strides(w, p.w_strides)
+        out = self.empty_output(x)
+        self.fn[self.grid](*self._args(x, w, bias, out), **self.constexprs, **self.launch_options)
+        return out
+
+    def warmup_job(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        """A call that makes Triton compile this config without launching it (tune/precompile.py)."""
+        out = self.empty_output(x)
+
+        def job() -> Any:
+            return self.fn.warmup(*self._args(x, w, bias, out), grid=self.grid, **self.constexprs,
+                                  **self.launch_options)
+
+        return job
+
+
+def example_operands(problem: ConvProblem, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random operands in the problem's shapes, strides and dtype (for tuning)."""
+    dtype = dtypes.to_torch(problem.dtype)
+
+    def make(shape: Sequence[int], strides: Sequence[int]) -> torch.Tensor:
+        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device=device)
+        return t.copy_(torch.randn(tuple(shape), device=device, dtype=torch.float32))
+
+    bias = torch.randn(problem.out_shape[1], device=device).to(dtype) if problem.has_bias else None
+    return make(problem.x_shape, problem.x_strides), make(problem.w_shape, problem.w_strides), bias
+
+
+def tuned(problem: ConvProblem, device: str, name: str = KERNEL_NAME) -> tuple[TritonConv, dict[str, Any]]:
+    """Our conv with the config the autotuner picks for this problem on `device` (the first config
+    without a GPU, with autotuning off, or when the cost-model floor says launch-bound), and the
+    tuning summary (Kernel.tuning's form)."""
+    from ..tune import Config, bench_ms, tune
+    from ..tune.autotuner import summary
+    from ..tune.precompile import compile_in_parallel
+
+    candidates = configs(problem)
+    if not device.startswith("cuda"):
+        return TritonConv(problem, candidates[0]), {"source": "default", "seconds": 0.0,
+                                                    "candidates": len(candidates)}
+    x, w, bias = example_operands(problem, device)
+
+    def bench(config: Config) -> float:
+        conv = TritonConv(problem, {k: int(v) for k, v in config.items()})
+        return bench_ms(lambda: conv(x, w, bias))
+
+    def precompile(kept: Sequence[Config]) -> None:
+        compile_in_parallel([TritonConv(problem, {k: int(v) for k, v in c.items()}).warmup_job(x, w, bias)
+                             for c in kept])
+
+    result = tune(f"{name}_triton_conv", problem.key(device), [Config(c) for c in candidates], bench,
+                  floor_ms=floor_ms(problem), precompile=precompile)
+    chosen = {k: int(v) for k, v in result.config.items()}
+    return TritonConv(problem, chosen), summary(result, len(candidates))
+
+
+def floor_ms(problem: ConvProblem) -> float | None:
+    """The cost-model floor of this convolution on the datasheet spec (the autotuner skips timing
+    under settings.tune_min_floor_us)."""
+    try:
+        from ..perf.roofline import floor_of, rate_key_of
+        from ..tune.autotuner import _datasheet_spec
+        itemsize = dtypes.itemsize(problem.dtype)
+        numel = sum(a * b * c * d for a, b, c, d in (problem.x_shape, problem.w_shape, problem.out_shape))
+        nbytes = itemsize * (numel + (problem.out_shape[1] if problem.has_bias else 0))
+        floor = floor_of(nbytes, problem.flops, problem.flops, rate_key_of(problem.dtype), _datasheet_spec())
+        return floor.seconds * 1e3
+    except Exception:  # a problem the cost model cannot price is simply tuned
+        return None
+
+
+def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Sequence[int] = (1, 1),
+           padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), *, config: dict[str, int] | None = None,
+           out_strides: Sequence[int] | None = None, allow_tf32: bool = False) -> torch.Tensor:
+    """F.conv2d(x, w, bias, stride, padding, dilation) (groups 1) through our Triton kernel, the output
+    NHWC-dense unless `out_strides` is given; `config` (a dict of configs()) or the autotuned one."""
+    problem = problem_of_tensors(x, w, bias, stride, padding, dilation, out_strides, allow_tf32)
+    conv = TritonConv(problem, config) if config is not None else tuned(problem, str(x.device))[0]
+    return conv(x, w, bias)
+
+
+class ConvGroupLaunch:
+    """A ConvGroup's whole launch with our Triton conv: the conv's product, then the group's epilogue
+    exactly as conv_kernel's plain path runs it. Tuned on first use (or `prepare`)."""
+
+    def __init__(self, problem: ConvProblem, conv_args: Sequence[int], epilogue: Any,
+                 epi_args: Sequence[int | None], device: str, name: str) -> None:
+        self.problem, self.conv_args, self.epilogue = problem, list(conv_args), epilogue
+        self.epi_args, self.device, self.name = list(epi_args), device, name
+        self.conv: TritonConv | None = None
+        self.tuning: dict[str, Any] = {}
+
+    def prepare(self) -> TritonConv:
+        if self.conv is None:
+            self.conv, self.tuning = tuned(self.problem, self.device, self.name)
+        return self.conv
+
+    def describe(self) -> str:
+        conv = self.prepare()
+        p = self.problem
+        lines = [f"# Triton implicit-GEMM conv2d ({KERNEL_NAME}): x{list(p.x_shape)} w{list(p.w_shape)} "
+                 f"stride {p.stride} padding {p.padding} dilation {p.dilation} {p.dtype}"
+                 f"{' +bias' if p.has_bias else ''}; config {conv.config}",
+                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}; constexprs {conv.constexprs}", TRITON_CONV_SOURCE]
+        if self.epilogue is not None:
+            lines.append(f"# ---- epilogue kernel ({self.epilogue.backend}) ----\n{self.epilogue.source}")
+        return "\n".join(lines)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        conv = self.prepare()
+        xs = [args[k] for k in self.conv_args]
+        product = conv(xs[0], xs[1], xs[2] if len(xs) == 3 else None)
+        if self.epilogue is None:
+            return [product]
+        return list(self.epilogue.launch([product if k is None else args[k] for k in self.epi_args]))
+
+
+def group_candidate(group: Any, device: str, name: str, epilogue: Any, allow_tf32: bool = False) -> Any:
+    """The ConvGroupLaunch of a ConvGroup (conv2d + the epilogue kernel `epilogue`, None when the
+    group has no epilogue) where our conv applies on a CUDA device; else None (the reason under
+    FUSEGRAPH_DEBUG)."""
+    node = group.compute
+    why = unsupported(node)
+    if why is None and not device.startswith("cuda"):
+        why = f"device {device} is not a GPU"
+    if why is None and not settings.use_triton:
+        why = "Triton kernels are off (settings.use_triton)"
+    if why is None and group.epilogue_nodes and epilogue is None:
+        why = "the group's epilogue kernel was not given"
+    if why is not None:
+        debug(name, why)
+        return None
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    conv_args = [positions[i.id] for i in node.inputs]
+    epi_args = [None if n.id == node.id else positions[n.id] for n in group.epilogue.inputs] \
+        if epilogue is not None else []
+    out_strides = node.spec.memory_strides   # the product's layout, as the plain path writes it
+    return ConvGroupLaunch(problem_of(node, out_strides, allow_tf32), conv_args, epilogue, epi_args, device, name)
