@@ -19,7 +19,7 @@ from ..ir.registry import Cost, get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
-from . import cudnn, cudnn_conv_epilogue, cudnn_frontend
+from . import cudnn, cudnn_conv_epilogue, cudnn_frontend, triton_conv
 
 
 def conv_group_cost(group: ConvGroup) -> Cost:
@@ -93,7 +93,7 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
     kernel = Kernel(name=name, kind="convolution", backend="cudnn" if device.startswith("cuda") else "reference",
                     nodes=tuple(group.nodes), inputs=tuple(group.inputs), outputs=tuple(group.outputs),
                     cost=conv_group_cost(group), launch=launch, source=source, note=note)
-    library = library_candidates(group, device, name, compute_dtype)
+    library = library_candidates(group, device, name, compute_dtype, epilogue, bool(options.get("allow_tf32", False)))
     kernel.tuning = {"source": "default", "seconds": 0.0, "candidates": 1 + len(library)}
     chosen = _choose(kernel, group, launch, library, device) if library else None
     if chosen is not None:
@@ -101,6 +101,9 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
         kernel.config = {"candidate": chosen}
         kernel.note = f"{chosen} was faster than the convolution + our epilogue"
         kernel.source = library_source(chosen, library[chosen], node.op, layout, group)
+        if isinstance(library[chosen], triton_conv.ConvGroupLaunch):
+            kernel.backend = "triton"
+            kernel.config.update(library[chosen].prepare().config)
     kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
     return kernel
 
@@ -109,11 +112,15 @@ LIBRARY_SOURCES = {
     "cudnn_convolution_relu": "# torch.cudnn_convolution_relu: {op} + bias + relu in one cuDNN call, {layout}",
     "cudnn_frontend": "# cuDNN frontend graph (Graph API): {op} + bias + {act} in one fused plan, NHWC",
     "cudnn_frontend_epilogue": "# cuDNN frontend graph (Graph API), one fused plan, NHWC: {act}",
+    "triton_conv": "# our Triton implicit-GEMM {op} ({layout}), then the group's epilogue: {act}",
 }
 
 
 def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGroup) -> str:
     """The kernel's source line for the chosen library candidate."""
+    if isinstance(launch, triton_conv.ConvGroupLaunch):
+        act = "+".join(epilogue_ops(group)) or "none"
+        return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act) + "\n" + launch.describe()
     if isinstance(launch, cudnn_conv_epilogue.FusedConvLaunch):
         act = (f"{launch.epi.describe()} ({launch.mode} form, {launch.vector_dtype} per-channel vectors folded per "
                f"call, reused while their inputs are unchanged)")
@@ -122,11 +129,13 @@ def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGr
     return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act)
 
 
-def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: str = "float32") -> dict[str, Any]:
-    """Library implementations of the whole group (conv + epilogue) that apply here, by name: torch's
-    fused cuDNN conv+bias+relu, and a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
-    inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py).
-    Empty off the GPU."""
+def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: str = "float32",
+                       epilogue: Kernel | None = None, allow_tf32: bool = False) -> dict[str, Any]:
+    """Other implementations of the whole group (conv + epilogue) that apply here, by name: torch's
+    fused cuDNN conv+bias+relu, a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
+    inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py),
+    and our Triton implicit-GEMM conv (narrow input channels, backends/triton_conv.py) followed by
+    `epilogue` (the group's epilogue kernel, as the plain path runs it). Empty off the GPU."""
     out: dict[str, Any] = {}
     fused = cudnn_fused_relu(group, device)
     if fused is not None:
@@ -134,6 +143,9 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     node = group.compute
     if not device.startswith("cuda"):
         return out
+    ours = triton_conv.group_candidate(group, device, name, epilogue, allow_tf32)
+    if ours is not None:
+        out["triton_conv"] = ours
     if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
         cudnn_frontend.debug(name, "the epilogue stores more than its final value")
         return out

@@ -1,0 +1,155 @@
+"""Our Triton implicit-GEMM conv2d (backends/triton_conv.py) under the Triton interpreter, against
+F.conv2d in fp32 (fp16 and fp32 operands: tl.dot on bf16 is wrong under the interpreter): the
+ResNet stem scaled down, 3x3, 1x1, dilation, non-square input and kernel, bias or none, C_out not a
+power of two, NCHW operands and output strides, tile configs with K tails and grouped tile order;
+and the ConvGroup candidate hook: offered for a narrow-channel group on a GPU, not for wide or
+grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the candidate (our conv + the group's
+epilogue kernel) computes what the plain conv + epilogue path computes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.backends import triton_conv
+from fusegraph.backends.conv_kernel import LIBRARY_SOURCES, conv_group_kernel, library_candidates, library_source
+from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
+
+CL = torch.channels_last
+
+# (name, N, C_in, H, W, C_out, KH, KW, stride, padding, dilation, bias)
+CASES = [
+    ("stem_7x7s2", 2, 3, 16, 16, 16, 7, 7, (2, 2), (3, 3), (1, 1), False),
+    ("stem_7x7s2_rect_bias", 2, 3, 20, 18, 16, 7, 7, (2, 2), (3, 3), (1, 1), True),
+    ("3x3s1p1_cout_odd", 2, 4, 9, 9, 10, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    ("1x1", 2, 8, 7, 5, 24, 1, 1, (1, 1), (0, 0), (1, 1), False),
+    ("dilation2", 1, 3, 12, 11, 20, 3, 3, (1, 1), (2, 2), (2, 2), True),
+    ("rect_kernel_asym", 2, 5, 10, 13, 12, 2, 5, (2, 1), (0, 2), (1, 1), False),
+    ("patch4x4s4", 2, 3, 16, 16, 40, 4, 4, (4, 4), (0, 0), (1, 1), True),
+]
+
+
+def _operands(n: int, c: int, h: int, w: int, co: int, kh: int, kw: int, bias: bool, dtype: torch.dtype,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x = rand(n, c, h, w, dtype=dtype, seed=seed).contiguous(memory_format=CL)
+    wt = (rand(co, c, kh, kw, dtype=torch.float32, seed=seed + 1) / (c * kh * kw) ** 0.5).to(dtype)
+    b = rand(co, dtype=dtype, seed=seed + 2) if bias else None
+    return x, wt.contiguous(memory_format=CL), b
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: Any, padding: Any,
+               dilation: Any) -> torch.Tensor:
+    return F.conv2d(x.float(), w.float(), None if b is None else b.float(), stride=stride, padding=padding,
+                    dilation=dilation)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_triton_conv_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) -> None:
+    _, n, c, h, w, co, kh, kw, stride, padding, dilation, bias = case
+    x, wt, b = _operands(n, c, h, w, co, kh, kw, bias, dtype, seed=len(case[0]))
+    out = triton_conv.conv2d(x, wt, b, stride, padding, dilation)   # the untimed first config off the GPU
+    ref = _reference(x, wt, b, stride, padding, dilation)
+    assert out.dtype == dtype and out.is_contiguous(memory_format=CL)   # NHWC-dense in the operands' dtype
+    assert_close(out.float(), ref, tol=5e-3 if dtype == torch.float16 else 1e-5, what=case[0])
+
+
+@pytest.mark.parametrize("group_m", [1, 3])
+def test_small_tiles_k_tail_several_column_tiles_and_grouped_order(group_m: int) -> None:
+    # M = 2*8*8 = 128 rows -> 8 row tiles; 40 columns -> 3 column tiles; K = 3*3*3 = 27 -> two K tiles of 16
+    x, wt, b = _operands(2, 3, 8, 8, 40, 3, 3, True, torch.float32, seed=7)
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": group_m, "num_warps": 2, "num_stages": 2}
+    out = triton_conv.conv2d(x, wt, b, (1, 1), (1, 1), (1, 1), config=config)
+    assert_close(out, _reference(x, wt, b, 1, 1, 1), tol=1e-5)
+
+
+def test_nchw_operands_and_given_output_strides() -> None:
+    x = rand(2, 3, 11, 9, seed=3)                      # NCHW-contiguous input and weight
+    wt = rand(8, 3, 3, 3, seed=4) / 5.0
+    oh, ow = 6, 5
+    nchw = (8 * oh * ow, oh * ow, ow, 1)
+    out = triton_conv.conv2d(x, wt, None, (2, 2), (1, 1), (1, 1), out_strides=nchw)
+    assert out.stride() == nchw
+    assert_close(out, _reference(x, wt, None, 2, 1, 1), tol=1e-5)
+
+
+def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> None:
+    x, wt, _ = _operands(1, 3, 6, 6, 10, 3, 3, False, torch.float16, seed=1)
+    problem = triton_conv.problem_of_tensors(x, wt, None, (1, 1), (1, 1), (1, 1))
+    assert (problem.m, problem.k, problem.out_shape[1]) == (36, 27, 10)
+    for cfg in triton_conv.configs(problem):
+        assert cfg["BLOCK_M"] <= 64 and cfg["BLOCK_N"] == 16 and cfg["BLOCK_K"] <= 32
+    stem = triton_conv.problem_of_tensors(torch.empty(128, 3, 224, 224), torch.empty(64, 3, 7, 7), None,
+                                          (2, 2), (3, 3), (1, 1))
+    assert stem.m == 128 * 112 * 112 and stem.k == 147
+    assert all(c["BLOCK_K"] <= 32 for c in triton_conv.configs(stem))        # fp32
+    key = stem.key("cuda:0")
+    assert key["conv"] == [(2, 2), (3, 3), (1, 1)] and key["dtype"] == "float32"
+    assert key["x"][1] == (3 * 224 * 224, 224 * 224, 224, 1)                    # strides are part of the key
+
+
+def _conv_group(c_in: int = 3, groups: int = 1, activation: str = "relu", dtype: str = "float16") -> ConvGroup:
+    g = fg.Graph(name="tc", compute_dtype="float32")
+    x = g.tensor((2, c_in, 10, 9), dtype=dtype, name="x", layout="NHWC")
+    w = g.tensor((12, c_in // groups, 3, 3), dtype=dtype, name="w")
+    b = g.tensor((12,), dtype=dtype, name="b")
+    y = g.conv2d(x, w, b, stride=2, padding=1, groups=groups)
+    if activation:
+        y = getattr(g, activation)(y)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(item, ConvGroup)
+    return item
+
+
+def _epilogue_kernel(group: ConvGroup) -> Any:
+    from fusegraph.lower import fused_kernel
+    return fused_kernel(group.epilogue, "k_epilogue", "float32", "cpu", {})
+
+
+def test_candidate_offered_for_narrow_channels_on_a_gpu_only(capsys: pytest.CaptureFixture[str]) -> None:
+    narrow = _conv_group()
+    assert "triton_conv" not in library_candidates(narrow, "cpu", "k")
+    offered = library_candidates(narrow, "cuda", "k", "float32", _epilogue_kernel(narrow))
+    assert isinstance(offered.get("triton_conv"), triton_conv.ConvGroupLaunch)   # planned for a GPU, built lazily
+    plain = _conv_group(activation="")                  # conv + bias only: no epilogue kernel needed
+    assert not plain.epilogue_nodes and "triton_conv" in library_candidates(plain, "cuda", "k")
+    with override(debug=1):
+        wide = _conv_group(c_in=32)
+        assert "triton_conv" not in library_candidates(wide, "cuda", "k_wide", "float32", _epilogue_kernel(wide))
+        grouped = _conv_group(c_in=4, groups=2)
+        assert "triton_conv" not in library_candidates(grouped, "cuda", "k_grouped", "float32",
+                                                       _epilogue_kernel(grouped))
+    printed = capsys.readouterr().out
+    assert "k_wide: Triton conv not used: C_in=32 > 16" in printed
+    assert "k_grouped: Triton conv not used: grouped convolution (groups=2)" in printed
+    g = fg.Graph(name="f64")
+    x64, w64 = g.tensor((1, 3, 5, 5), dtype="float64", name="x"), g.tensor((4, 3, 3, 3), dtype="float64", name="w")
+    g.conv2d(x64, w64).set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "conv2d")
+    assert triton_conv.unsupported(node) == "dtype float64 (fp16, bf16 and fp32 only)"
+
+
+def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path() -> None:
+    from fusegraph.lower import _example_inputs
+
+    group = _conv_group(activation="silu", dtype="float32")
+    epilogue = _epilogue_kernel(group)
+    launch = library_candidates(group, "cuda", "k", "float32", epilogue)["triton_conv"]
+    launch.device = "cpu"                                # run it here, under the interpreter
+    args = _example_inputs(group.inputs, "cpu")
+    plain = conv_group_kernel(group, "k", "float32", "cpu", {})   # reference conv + our epilogue kernel
+    (got,), (want,) = launch(args), plain.launch(args)
+    assert got.stride() == want.stride()
+    assert_close(got, want, tol=1e-5, what="triton conv + silu epilogue")
+    source = library_source("triton_conv", launch, "conv2d", "NHWC (channels-last)", group)
+    assert source.startswith(LIBRARY_SOURCES["triton_conv"].split("{")[0])
+    assert "def fg_conv2d_implicit_gemm" in source and "tl.dot" in source and "epilogue kernel" in source
