@@ -377,7 +377,10 @@ MODELS: list[ZooModel] = [
                        "max_position_embeddings": 64}, "last_hidden_state"),
              tokens(512, 30522), "mse", 16),
     ZooModel("hf_roberta_base", "language", "transformers",
-             hf_model("RobertaModel", "RobertaConfig", _NO_DROPOUT, _BERT_TINY, "last_hidden_state"),
+             # roberta-base's 514 positions: its position ids start at padding_idx + 1 = 2, so 512 tokens
+             # reach 513 (RobertaConfig's default of 512 indexes past the table: a device-side assert)
+             hf_model("RobertaModel", "RobertaConfig", {**_NO_DROPOUT, "max_position_embeddings": 514}, _BERT_TINY,
+                      "last_hidden_state"),
              tokens(512, 50265), "mse", 8),
     ZooModel("hf_t5_small_encoder", "language", "transformers",
              hf_model("T5EncoderModel", "T5Config", {"dropout_rate": 0.0},
