@@ -101,6 +101,19 @@ def main() -> None:
                 plan = part.plan
                 if plan is not None:
                     emit(f"    {part.name}: {plan.cuda_graph_note}", OUT_NAME)
+    # BN statistics written in place (a model evaluated between training epochs): a captured plan
+    # baked the folded BN vectors into its graph and must refold them before replaying
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_var.mul_(1.5)
+                m.running_mean.add_(0.1)
+        want = model(x).float()
+        for name, call in calls.items():
+            got = call().float()
+            err = float((got - want).norm() / want.norm())
+            verdict = "ok" if err < 2e-2 else "WRONG"
+            emit(f"after an in-place BN update: {name:26s} rel err vs eager {err:.1e} ({verdict})", OUT_NAME)
     ballast = [{"i": i, "t": (i, str(i))} for i in range(3_000_000)]   # live objects the GC walks
     emit(f"-- with {len(ballast)} live Python objects", OUT_NAME)
     for name, call in calls.items():

@@ -473,3 +473,29 @@ def test_a_plan_the_estimate_turned_down_is_measured_then_captured_if_host_bound
     x3 = rand(8, 16)
     assert_close(plan(x3, w)[0], eager(x3, w)[0])
     assert (runner.captured.graph.replays == 1) if captured else runner.captured is None
+
+
+def test_values_baked_into_a_capture_are_refreshed_before_every_replay(
+        fake_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that uses a value computed outside the graph while fusegraph records a capture (the
+    fused cuDNN conv's folded BN vectors) registers a hook; the replay runs it before each replay.
+    Inside anyone else's capture nothing is recorded, and the launch must compute in the graph."""
+    seen: list[int] = []
+
+    def capture_with_a_baked_value(run_plain: Any, inputs: Sequence[torch.Tensor], by_reference: Any = ()) -> Captured:
+        with cuda_graph.recording_replay_hooks() as hooks:
+            assert cuda_graph.refresh_before_replay(lambda: seen.append(captured.graph.replays))
+            captured = fake_capture(run_plain, inputs, by_reference)
+        captured.hooks = tuple(hooks)
+        return captured
+
+    monkeypatch.setattr(cuda_graph, "capture", capture_with_a_baked_value)
+    assert not cuda_graph.refresh_before_replay(lambda: None)     # no recording: not kept
+    plan, _ = block()
+    w = rand(16, 12)
+    plan(rand(8, 16), w)                                          # warm-up and capture
+    assert plan.cuda_graph_captured and "hook()" in plan.cuda_graph.replay_source and seen == []
+    for _ in range(2):
+        x = rand(8, 16)
+        assert_close(plan(x, w)[0], eager(x, w)[0])
+    assert seen == [0, 1]                                         # before the first and the second replay

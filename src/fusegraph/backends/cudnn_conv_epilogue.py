@@ -35,7 +35,7 @@ generated epilogue and picks between them on measured time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.spec import strides_for_order
 from ..reference import run_node
+from ..runtime.cuda_graph import refresh_before_replay
 from ..runtime.kernel import in_strides
 from ..settings import settings
 from . import cudnn_frontend as fe
@@ -412,23 +413,46 @@ class FusedConvLaunch:
         self.ordered: bool | None = None     # the ordered binding path: untried, agreed with the dict path, or not
 
     def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The folded per-channel vectors: cached while their inputs are the same memory, unchanged.
+        Inside fusegraph's own CUDA-graph capture the cached vectors are baked into the graph, with a
+        hook that refolds them into the same buffers before a replay when an input was written in place
+        (BN statistics updated between evaluations); inside another capture they are folded in the graph."""
         leaves = [args[k] for k in self.leaf_at]
         capturing = args[0].is_cuda and torch.cuda.is_current_stream_capturing()
-        if self.cacheable and not capturing and self._cache is not None:
+        if self.cacheable and self._cache is not None:
             held, cached = self._cache
-            if len(held) == len(leaves) and all(_same_unchanged(t, h, v)
-                                                for (h, v), t in zip(held, leaves, strict=True)):
+            unchanged = len(held) == len(leaves) and all(_same_unchanged(t, h, v)
+                                                         for (h, v), t in zip(held, leaves, strict=True))
+            if unchanged and (not capturing or refresh_before_replay(self._baked(held, cached))):
                 return cached
-        self.folds += 1
-        got = fold(self.epi, leaves, self.compute_dtype, args[0].device, self.constants)
-        if self.mode == "rescaled" and "rscale" in got:
-            got = rescaled(got, self.epi.channels)
-        c = self.epi.channels   # [1, C, 1, 1] in the NHWC strides the graph declares
-        got = {k: v.to(self.vector_dtype).contiguous().as_strided((1, c, 1, 1), (c, 1, c, c))
-               for k, v in got.items()}
+        got = self._fold(leaves, args[0].device)
         if self.cacheable and not capturing:
             self._cache = ([(t, t._version) for t in leaves], got)
         return got
+
+    def _fold(self, leaves: Sequence[torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+        self.folds += 1
+        got = fold(self.epi, leaves, self.compute_dtype, device, self.constants)
+        if self.mode == "rescaled" and "rscale" in got:
+            got = rescaled(got, self.epi.channels)
+        c = self.epi.channels   # [1, C, 1, 1] in the NHWC strides the graph declares
+        return {k: v.to(self.vector_dtype).contiguous().as_strided((1, c, 1, 1), (c, 1, c, c))
+                for k, v in got.items()}
+
+    def _baked(self, held: list[tuple[torch.Tensor, int]], cached: dict[str, torch.Tensor]) -> Callable[[], None]:
+        """The pre-replay hook of vectors baked into a captured graph: refold into the same buffers
+        when one of the inputs they were folded from was written in place since."""
+        versions = [v for _, v in held]
+        tensors = [t for t, _ in held]
+
+        def refresh() -> None:
+            if all(t._version == v for t, v in zip(tensors, versions, strict=True)):
+                return
+            for key, value in self._fold(tensors, tensors[0].device).items():
+                cached[key].copy_(value)
+            versions[:] = [t._version for t in tensors]
+
+        return refresh
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         cl = torch.channels_last

@@ -67,11 +67,12 @@ captured tensors' storage alive.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 import warnings
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,6 +217,8 @@ class Captured:
     pool: Any
     by_reference: frozenset[int] = frozenset()
     input_ptrs: list[int] = field(default_factory=list)   # each input buffer's address at capture
+    # run before every replay: refresh values that launches computed outside the graph and baked into it
+    hooks: tuple[Callable[[], None], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.input_ptrs:
@@ -230,6 +233,34 @@ _reused_outputs: weakref.WeakValueDictionary[int, Captured] = weakref.WeakValueD
 def reused_output(t: Any) -> bool:
     """Is `t` (a view of) an output buffer of a captured reuse plan that is still alive?"""
     return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in _reused_outputs
+
+
+# While capture() records a plan: hooks of launches that baked into the graph a value computed outside it
+# (the folded per-channel vectors of a fused cuDNN convolution), to be run before every replay.
+_replay_hooks: list[Callable[[], None]] | None = None
+
+
+def refresh_before_replay(hook: Callable[[], None]) -> bool:
+    """For a launch running inside a capture: when fusegraph is recording a plan, keep `hook` (it
+    brings a baked value up to date, e.g. recomputes it when its inputs were written in place) to run
+    before each replay, and return True: the launch may use its precomputed value. False inside any
+    other capture (the caller's own graph would never refresh it): compute the value inside the graph."""
+    if _replay_hooks is None:
+        return False
+    _replay_hooks.append(hook)
+    return True
+
+
+@contextlib.contextmanager
+def recording_replay_hooks() -> Iterator[list[Callable[[], None]]]:
+    """The hooks registered by refresh_before_replay while the block records a capture."""
+    global _replay_hooks
+    hooks: list[Callable[[], None]] = []
+    saved, _replay_hooks = _replay_hooks, hooks
+    try:
+        yield hooks
+    finally:
+        _replay_hooks = saved
 
 
 def capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: Collection[int] = ()) -> Captured:
@@ -259,10 +290,11 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
     current.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     pool = torch.cuda.graph_pool_handle()
-    with torch.cuda.graph(graph, pool=pool, stream=side):
+    with recording_replay_hooks() as hooks, torch.cuda.graph(graph, pool=pool, stream=side):
         static_outputs = run_plain(static_inputs)
     current.wait_stream(side)
-    return Captured(graph, list[torch.Tensor | None](static_inputs), list(static_outputs), pool, by_reference)
+    return Captured(graph, list[torch.Tensor | None](static_inputs), list(static_outputs), pool, by_reference,
+                    hooks=tuple(hooks))
 
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
@@ -308,6 +340,9 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
         if i not in captured.by_reference:
             env[f"I{i}"] = buf
             lines.append(f"        I{i}.copy_(s{i})")
+    if captured.hooks:
+        env["HOOKS"] = captured.hooks
+        lines += ["        for hook in HOOKS:", "            hook()"]
     lines.append("        REPLAY()")
     results = []
     for j, out in enumerate(captured.static_outputs):
