@@ -153,3 +153,59 @@ def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path() -> None
     source = library_source("triton_conv", launch, "conv2d", "NHWC (channels-last)", group)
     assert source.startswith(LIBRARY_SOURCES["triton_conv"].split("{")[0])
     assert "def fg_conv2d_implicit_gemm" in source and "tl.dot" in source and "epilogue kernel" in source
+
+
+def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
+    """conv2d (fp16, C_in 3) + an inference epilogue of `kind` as one ConvGroup."""
+    g = fg.Graph(name=f"fused_{kind}", compute_dtype="float32")
+    x = g.tensor((2, 3, 11, 10), dtype="float16", name="x", layout=layout)
+    w = g.tensor((12, 3, 3, 3), dtype="float16", name="w")
+    b = g.tensor((12,), dtype="float16", name="b")
+    y = g.conv2d(x, w, b, stride=2, padding=1)
+    if kind in ("bn_relu", "bn_residual_relu"):
+        rm, rv = g.tensor((12,), dtype="float32", name="rm"), g.tensor((12,), dtype="float32", name="rv")
+        gw, gb = g.tensor((12,), dtype="float16", name="gw"), g.tensor((12,), dtype="float16", name="gb")
+        y = g.batch_norm(y, rm, rv, weight=gw, bias=gb, training=False)
+        if kind == "bn_residual_relu":
+            y = g.add(y, g.tensor((2, 12, 6, 5), dtype="float16", name="r", layout="NHWC"))
+        y = g.relu(y)
+    else:
+        y = getattr(g, kind.removeprefix("bias_"))(y)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(item, ConvGroup)
+    return item
+
+
+@pytest.mark.parametrize("kind,layout", [("bias_relu", "NHWC"), ("bias_relu", None), ("bias_silu", "NHWC"),
+                                         ("bias_gelu", "NHWC"), ("bn_relu", "NHWC"), ("bn_residual_relu", "NHWC")])
+def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None) -> None:
+    from fusegraph.lower import _example_inputs
+
+    group = _fused_graph(kind, layout)
+    offered = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))
+    fused = offered["triton_conv_fused"]
+    assert isinstance(fused, triton_conv.FusedGroupLaunch)
+    assert fused.direct_bias == kind.startswith("bias_")          # conv bias read directly, no per-call fold
+    assert fused.form.residual_strides is not None if "residual" in kind else fused.form.residual_strides is None
+    offered["triton_conv"].device = "cpu"                          # the tile config comes from the plain candidate
+    args = _example_inputs(group.inputs, "cpu")
+    for k in fused.leaf_at:                                        # BN variances positive (as _choose makes them)
+        args[k] = args[k].abs() + 0.5
+    want = conv_group_kernel(group, "k", "float32", "cpu", {}).launch(args)[0]
+    (got,) = fused(args)
+    assert got.stride() == want.stride() and got.dtype == want.dtype   # the group's output layout (NCHW: the exit copy)
+    assert_close(got, want, tol=5e-3, what=kind)
+    if fused.fold:
+        assert fused(args)[0].data_ptr() != got.data_ptr() and fused._cache is not None   # folded vectors reused
+    source = library_source("triton_conv_fused", fused, "conv2d", "NHWC (channels-last)", group)
+    assert "epilogue fused into its store" in source and "ACTIVATION" in source
+
+
+def test_fused_candidate_not_offered_for_an_epilogue_it_does_not_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    group = _fused_graph("bias_sigmoid")
+    with override(debug=1):
+        offered = library_candidates(group, "cuda", "k_sig", "float32", _epilogue_kernel(group))
+    assert "triton_conv" in offered and "triton_conv_fused" not in offered
+    assert "k_sig: Triton conv not used: fused epilogue:" in capsys.readouterr().out

@@ -101,7 +101,7 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
         kernel.config = {"candidate": chosen}
         kernel.note = f"{chosen} was faster than the convolution + our epilogue"
         kernel.source = library_source(chosen, library[chosen], node.op, layout, group)
-        if isinstance(library[chosen], triton_conv.ConvGroupLaunch):
+        if isinstance(library[chosen], (triton_conv.ConvGroupLaunch, triton_conv.FusedGroupLaunch)):
             kernel.backend = "triton"
             kernel.config.update(library[chosen].prepare().config)
     kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
@@ -113,12 +113,13 @@ LIBRARY_SOURCES = {
     "cudnn_frontend": "# cuDNN frontend graph (Graph API): {op} + bias + {act} in one fused plan, NHWC",
     "cudnn_frontend_epilogue": "# cuDNN frontend graph (Graph API), one fused plan, NHWC: {act}",
     "triton_conv": "# our Triton implicit-GEMM {op} ({layout}), then the group's epilogue: {act}",
+    "triton_conv_fused": "# our Triton implicit-GEMM {op} ({layout}), the epilogue fused into its store: {act}",
 }
 
 
 def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGroup) -> str:
     """The kernel's source line for the chosen library candidate."""
-    if isinstance(launch, triton_conv.ConvGroupLaunch):
+    if isinstance(launch, (triton_conv.ConvGroupLaunch, triton_conv.FusedGroupLaunch)):
         act = "+".join(epilogue_ops(group)) or "none"
         return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act) + "\n" + launch.describe()
     if isinstance(launch, cudnn_conv_epilogue.FusedConvLaunch):
@@ -135,7 +136,8 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     fused cuDNN conv+bias+relu, a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
     inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py),
     and our Triton implicit-GEMM conv (narrow input channels, backends/triton_conv.py) followed by
-    `epilogue` (the group's epilogue kernel, as the plain path runs it). Empty off the GPU."""
+    `epilogue` (the group's epilogue kernel, as the plain path runs it), or with a CNN inference
+    epilogue fused into its store. Empty off the GPU."""
     out: dict[str, Any] = {}
     fused = cudnn_fused_relu(group, device)
     if fused is not None:
@@ -143,9 +145,7 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     node = group.compute
     if not device.startswith("cuda"):
         return out
-    ours = triton_conv.group_candidate(group, device, name, epilogue, allow_tf32)
-    if ours is not None:
-        out["triton_conv"] = ours
+    out.update(triton_conv.group_candidates(group, device, name, epilogue, compute_dtype, allow_tf32))
     if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
         cudnn_frontend.debug(name, "the epilogue stores more than its final value")
         return out
@@ -209,8 +209,10 @@ def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any
 
     name = kernel.name
     args = _example_inputs(group.inputs, device)
-    for fn in library.values():  # per-channel inputs (BN statistics) positive: a negative variance gives NaN
-        if isinstance(fn, cudnn_conv_epilogue.FusedConvLaunch):   # channels, whose relu differs by library
+    # per-channel inputs (BN statistics) positive: a negative variance gives NaN channels, whose relu
+    # differs by library
+    for fn in library.values():
+        if isinstance(fn, (cudnn_conv_epilogue.FusedConvLaunch, triton_conv.FusedGroupLaunch)):
             for k in fn.leaf_at:
                 args[k] = args[k].abs() + 0.5
     launches = {"conv+epilogue": plain}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,14 +49,19 @@ import triton.language as tl
 @triton.jit
 def fg_conv2d_implicit_gemm(
     x_ptr, w_ptr, bias_ptr, out_ptr,
+    scale_ptr, shift_ptr, res_ptr, rscale_ptr,   # fused epilogue: fp32 [CO] vectors, residual[N, CO, OH, OW]
     BATCH, H, W, OH, OW,
     sxn, sxc, sxh, sxw,           # input  x[N, C, H, W] strides (NHWC: sxc == 1)
     swo, swc, swh, sww,           # weight w[CO, C, KH, KW] strides (channels-last: swc == 1)
     son, soc, soh, sow,           # output out[N, CO, OH, OW] strides
+    srn, src, srh, srw,           # residual strides
     C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
     DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    # the fused epilogue: ACTIVATION(acc * scale + shift + residual * rscale), each part optional
+    HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RSCALE: tl.constexpr,
+    ACTIVATION: tl.constexpr,     # "" | "relu" | "gelu" | "gelu_approx_tanh" | "swish"
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # GEMM view: rows m = (n, oh, ow), columns co, reduction k = (kh, kw, c) with c fastest
@@ -104,6 +109,26 @@ def fg_conv2d_implicit_gemm(
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr + offs_n, mask=n_ok, other=1.0)[None, :]
+    if HAS_SHIFT:
+        acc += tl.load(shift_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_RESIDUAL:
+        res_rows = res_ptr + nb * srn + oh * srh + ow * srw
+        res = tl.load(res_rows[:, None] + offs_n.to(tl.int64)[None, :] * src,
+                      mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        if HAS_RSCALE:
+            res = res * tl.load(rscale_ptr + offs_n, mask=n_ok, other=1.0)[None, :]
+        acc += res
+    if ACTIVATION == "relu":
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == "swish":
+        acc = acc * tl.sigmoid(acc)
+    elif ACTIVATION == "gelu":
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == "gelu_approx_tanh":
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc * tl.sigmoid(2.0 * inner)     # 0.5 * (1 + tanh(u)) == sigmoid(2u)
     out_rows = out_ptr + nb * son + oh * soh + ow * sow
     out_ptrs = out_rows[:, None] + offs_n.to(tl.int64)[None, :] * soc
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -232,19 +257,34 @@ def load_kernel() -> Any:
     return load_triton_function(TRITON_CONV_SOURCE, KERNEL_NAME)
 
 
-class TritonConv:
-    """Our Triton conv for one ConvProblem and one config: __call__(x, w, bias) -> the output in
-    the problem's output strides."""
+@dataclass(frozen=True)
+class EpilogueForm:
+    """What a fused epilogue applies to the accumulator before the store (see the kernel's
+    ACTIVATION(acc * scale + shift + residual * rscale)), and the stored dtype."""
+    scale: bool = False
+    shift: bool = False
+    residual_strides: tuple[int, ...] | None = None
+    rscale: bool = False
+    activation: str = ""
+    out_dtype: str | None = None      # None: the operands' dtype
 
-    def __init__(self, problem: ConvProblem, config: dict[str, int]) -> None:
-        self.problem, self.config = problem, dict(config)
+
+class TritonConv:
+    """Our Triton conv for one ConvProblem, one config and optionally a fused epilogue:
+    __call__(x, w, bias, vectors, residual) -> the output in the problem's output strides."""
+
+    def __init__(self, problem: ConvProblem, config: dict[str, int], epilogue: EpilogueForm | None = None) -> None:
+        self.problem, self.config, self.epilogue = problem, dict(config), epilogue or EpilogueForm()
         self.fn = load_kernel()
-        p = problem
+        p, e = problem, self.epilogue
+        self.out_dtype = dtypes.to_torch(e.out_dtype or p.dtype)
         self.constexprs = {
             "C_IN": p.x_shape[1], "C_OUT": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3],
             "STRIDE_H": p.stride[0], "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1],
             "DIL_H": p.dilation[0], "DIL_W": p.dilation[1], "HAS_BIAS": p.has_bias,
             "INPUT_PRECISION": "ieee" if p.dtype == "float32" and not p.tf32 else "tf32",
+            "HAS_SCALE": e.scale, "HAS_SHIFT": e.shift, "HAS_RESIDUAL": e.residual_strides is not None,
+            "HAS_RSCALE": e.rscale, "ACTIVATION": e.activation,
             "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
             "GROUP_M": config["GROUP_M"]}
         tiles_m = -(-p.m // config["BLOCK_M"])
@@ -252,24 +292,33 @@ class TritonConv:
         self.grid = (tiles_m * tiles_n,)
         self.launch_options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
 
-    def _args(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> list[Any]:
-        p = self.problem
-        return [x, w, bias if bias is not None else w, out, p.x_shape[0], p.x_shape[2], p.x_shape[3],
-                p.out_shape[2], p.out_shape[3], *p.x_strides, *p.w_strides, *p.out_strides]
+    def _args(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+              vectors: dict[str, torch.Tensor] | None = None, residual: torch.Tensor | None = None) -> list[Any]:
+        p, v = self.problem, vectors or {}
+        res_strides = self.epilogue.residual_strides or (0, 0, 0, 0)
+        return [x, w, bias if bias is not None else w, out, v.get("scale", w), v.get("shift", w),
+                residual if residual is not None else w, v.get("rscale", w),
+                p.x_shape[0], p.x_shape[2], p.x_shape[3], p.out_shape[2], p.out_shape[3],
+                *p.x_strides, *p.w_strides, *p.out_strides, *res_strides]
 
     def empty_output(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(self.problem.out_shape, self.problem.out_strides, dtype=like.dtype,
+        return torch.empty_strided(self.problem.out_shape, self.problem.out_strides, dtype=self.out_dtype,
                                    device=like.device)
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 vectors: dict[str, torch.Tensor] | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """`vectors`: the fused epilogue's fp32 [CO] scale/shift/rscale (those its form has)."""
         p = self.problem   # operands in other strides than planned: copied into the planned ones
         x, w = in_strides(x, p.x_strides), in_strides(w, p.w_strides)
+        if residual is not None and self.epilogue.residual_strides is not None:
+            residual = in_strides(residual, self.epilogue.residual_strides)
         out = self.empty_output(x)
-        self.fn[self.grid](*self._args(x, w, bias, out), **self.constexprs, **self.launch_options)
+        self.fn[self.grid](*self._args(x, w, bias, out, vectors, residual), **self.constexprs, **self.launch_options)
         return out
 
     def warmup_job(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        """A call that makes Triton compile this config without launching it (tune/precompile.py)."""
+        """A call that makes Triton compile this config without launching it (tune/precompile.py;
+        plain convolutions: the fused form reuses the plain form's tuned config)."""
         out = self.empty_output(x)
 
         def job() -> Any:
@@ -291,10 +340,11 @@ def example_operands(problem: ConvProblem, device: str) -> tuple[torch.Tensor, t
     return make(problem.x_shape, problem.x_strides), make(problem.w_shape, problem.w_strides), bias
 
 
-def tuned(problem: ConvProblem, device: str, name: str = KERNEL_NAME) -> tuple[TritonConv, dict[str, Any]]:
+def tuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]]:
     """Our conv with the config the autotuner picks for this problem on `device` (the first config
     without a GPU, with autotuning off, or when the cost-model floor says launch-bound), and the
-    tuning summary (Kernel.tuning's form)."""
+    tuning summary (Kernel.tuning's form). Tuned under one name for every plan position: the same
+    convolution in another layer or plan finds the choice in the memo or the disk cache."""
     from ..tune import Config, bench_ms, tune
     from ..tune.autotuner import summary
     from ..tune.precompile import compile_in_parallel
@@ -313,7 +363,7 @@ def tuned(problem: ConvProblem, device: str, name: str = KERNEL_NAME) -> tuple[T
         compile_in_parallel([TritonConv(problem, {k: int(v) for k, v in c.items()}).warmup_job(x, w, bias)
                              for c in kept])
 
-    result = tune(f"{name}_triton_conv", problem.key(device), [Config(c) for c in candidates], bench,
+    result = tune(KERNEL_NAME, problem.key(device), [Config(c) for c in candidates], bench,
                   floor_ms=floor_ms(problem), precompile=precompile)
     chosen = {k: int(v) for k, v in result.config.items()}
     return TritonConv(problem, chosen), summary(result, len(candidates))
@@ -357,7 +407,7 @@ class ConvGroupLaunch:
 
     def prepare(self) -> TritonConv:
         if self.conv is None:
-            self.conv, self.tuning = tuned(self.problem, self.device, self.name)
+            self.conv, self.tuning = tuned(self.problem, self.device)
         return self.conv
 
     def describe(self) -> str:
@@ -380,10 +430,13 @@ class ConvGroupLaunch:
         return list(self.epilogue.launch([product if k is None else args[k] for k in self.epi_args]))
 
 
-def group_candidate(group: Any, device: str, name: str, epilogue: Any, allow_tf32: bool = False) -> Any:
-    """The ConvGroupLaunch of a ConvGroup (conv2d + the epilogue kernel `epilogue`, None when the
-    group has no epilogue) where our conv applies on a CUDA device; else None (the reason under
-    FUSEGRAPH_DEBUG)."""
+def group_candidates(group: Any, device: str, name: str, epilogue: Any, compute_dtype: str = "float32",
+                     allow_tf32: bool = False) -> dict[str, Any]:
+    """Our candidates for a ConvGroup where our conv applies on a CUDA device (else {}, the reason
+    under FUSEGRAPH_DEBUG): "triton_conv", the conv then `epilogue` (the group's epilogue kernel;
+    None when it has none) as the plain path runs it, and, when the epilogue is a CNN inference
+    epilogue (backends/cudnn_conv_epilogue.classify: per-channel affine, residual, activation) and the
+    group stores only its result, "triton_conv_fused": that epilogue applied in the conv's store."""
     node = group.compute
     why = unsupported(node)
     if why is None and not device.startswith("cuda"):
@@ -394,10 +447,101 @@ def group_candidate(group: Any, device: str, name: str, epilogue: Any, allow_tf3
         why = "the group's epilogue kernel was not given"
     if why is not None:
         debug(name, why)
-        return None
+        return {}
     positions = {n.id: k for k, n in enumerate(group.inputs)}
     conv_args = [positions[i.id] for i in node.inputs]
     epi_args = [None if n.id == node.id else positions[n.id] for n in group.epilogue.inputs] \
         if epilogue is not None else []
     out_strides = node.spec.memory_strides   # the product's layout, as the plain path writes it
-    return ConvGroupLaunch(problem_of(node, out_strides, allow_tf32), conv_args, epilogue, epi_args, device, name)
+    plain = ConvGroupLaunch(problem_of(node, out_strides, allow_tf32), conv_args, epilogue, epi_args, device, name)
+    out: dict[str, Any] = {"triton_conv": plain}
+    fused = fused_candidate(group, plain, positions, compute_dtype, device, name)
+    if fused is not None:
+        out["triton_conv_fused"] = fused
+    return out
+
+
+def fused_candidate(group: Any, plain: ConvGroupLaunch, positions: dict[int, int], compute_dtype: str,
+                    device: str, name: str) -> FusedGroupLaunch | None:
+    from . import cudnn_conv_epilogue as cce
+
+    if not group.epilogue_nodes:
+        return None   # conv (+ bias) alone: the plain candidate is already everything
+    final = group.epilogue_nodes[-1]
+    if not (len(group.outputs) == 1 and group.outputs[0].id == final.id):
+        debug(name, "fused epilogue: the group stores more than its final value")
+        return None
+    try:
+        epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    except cce.NotServed as err:
+        debug(name, f"fused epilogue: {err}")
+        return None
+    return FusedGroupLaunch(epi, plain, positions, tuple(group.outputs[0].spec.memory_strides), compute_dtype,
+                            device)
+
+
+class FusedGroupLaunch:
+    """A ConvGroup's launch as ONE kernel: our conv with the group's CNN inference epilogue
+    (activation(scale * conv + shift + rscale * residual), backends/cudnn_conv_epilogue.ConvEpilogue)
+    applied in its store. The per-channel vectors are folded per call by cudnn_conv_epilogue.fold and
+    reused while their inputs are unchanged (its rule); a conv bias that is the whole shift (scale 1)
+    is read directly instead. The tile config is the plain candidate's tuned one."""
+
+    def __init__(self, epi: Any, plain: ConvGroupLaunch, positions: dict[int, int], out_strides: tuple[int, ...],
+                 compute_dtype: str, device: str) -> None:
+        conv = epi.conv
+        self.epi, self.plain, self.compute_dtype, self.device = epi, plain, compute_dtype, device
+        self.conv_at = [positions[i.id] for i in conv.inputs[:2]]
+        bias = conv.inputs[2] if len(conv.inputs) == 3 else None
+        self.direct_bias = (epi.scale is None and epi.residual_scale is None and bias is not None
+                            and epi.shift == ("leaf", bias.id))
+        self.bias_at = positions[bias.id] if self.direct_bias and bias is not None else None
+        self.fold = not self.direct_bias and (epi.scale, epi.shift, epi.residual_scale) != (None, None, None)
+        self.leaf_at = [positions[n.id] for n in epi.leaves]
+        self.residual_at = positions[epi.residual.id] if epi.residual is not None else None
+        self.cacheable = all(n.op in ("input", "constant") for n in epi.leaves)
+        self.constants: dict[int, torch.Tensor] | None = None
+        self._cache: tuple[list[tuple[Any, int]], dict[str, torch.Tensor]] | None = None
+        residual = None if epi.residual is None else tuple(epi.residual.spec.memory_strides)
+        self.form = EpilogueForm(scale=self.fold and epi.scale is not None, shift=self.fold and epi.shift is not None,
+                                 residual_strides=residual, rscale=self.fold and epi.residual_scale is not None,
+                                 activation=epi.activation, out_dtype=epi.out.dtype)
+        self.problem = replace(plain.problem, out_strides=tuple(out_strides), has_bias=self.direct_bias)
+        self.conv: TritonConv | None = None
+
+    def prepare(self) -> TritonConv:
+        if self.conv is None:
+            self.conv = TritonConv(self.problem, self.plain.prepare().config, self.form)
+        return self.conv
+
+    def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        from . import cudnn_conv_epilogue as cce
+
+        if not self.fold:
+            return None
+        leaves = [args[k] for k in self.leaf_at]
+        device = args[self.conv_at[0]].device
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if self.cacheable and not capturing and self._cache is not None:
+            held, cached = self._cache
+            if all(cce._same_unchanged(t, h, v) for (h, v), t in zip(held, leaves, strict=True)):
+                return cached
+        if self.constants is None:   # made once: a host-to-device copy cannot be captured
+            self.constants = cce.constant_values(self.epi, self.compute_dtype, device)
+        got = {k: v.float().contiguous() for k, v in
+               cce.fold(self.epi, leaves, self.compute_dtype, device, self.constants).items()}
+        if self.cacheable and not capturing:
+            self._cache = ([(t, t._version) for t in leaves], got)
+        return got
+
+    def describe(self) -> str:
+        conv = self.prepare()
+        return "\n".join([f"# Triton implicit-GEMM conv2d with its epilogue in the store: {self.epi.describe()}; "
+                          f"epilogue {self.form}; config {conv.config}", TRITON_CONV_SOURCE])
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        conv = self.prepare()
+        x, w = (args[k] for k in self.conv_at)
+        bias = args[self.bias_at] if self.bias_at is not None else None
+        residual = args[self.residual_at] if self.residual_at is not None else None
+        return [conv(x, w, bias, self.vectors(args), residual)]
