@@ -66,6 +66,7 @@ class Settings:
     deadline: float = float("inf")  # perf_counter time after which implementations are skipped (--budget-s)
     progress: str = ""            # JSON-lines file each measured row is appended to as soon as it exists
     context: str = ""             # the target/variant being measured, written with each progress row
+    profile_compile: str = ""     # with --profile-compile: the file fusegraph compiles' cProfile stats go to
     inductor: bool = False        # --cpu-smoke --inductor: the torch.compile rows too (checks this script)
 
 
@@ -126,6 +127,25 @@ class Impl:
     compiled: bool = True
 
 
+def profiled_first_call(fn: Callable[[], Any], name: str, rows: int = 40) -> float:
+    """first_call_s under cProfile; the functions by cumulative and by own time go to S.profile_compile."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    seconds = first_call_s(fn)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(rows)
+    stats.sort_stats("tottime").print_stats(rows)
+    with open(S.profile_compile, "a") as f:
+        f.write(f"== {S.context}: {name} first call (compile) {seconds:.1f} s under cProfile\n{out.getvalue()}\n")
+    return seconds
+
+
 def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch.Tensor]],
               reference: list[torch.Tensor], tol: float, flops: float | None = None) -> list[dict[str, Any]]:
     """Measure each implementation; the error rule is relative to eager's (the first impl)."""
@@ -142,7 +162,10 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
                 torch._dynamo.reset()
             fn = impl.make()
             got: list[torch.Tensor] = []
-            row["compile_s"] = first_call_s(lambda: got.extend(check(fn)))
+            if S.profile_compile and impl.name.startswith("fusegraph"):
+                row["compile_s"] = profiled_first_call(lambda: got.extend(check(fn)), impl.name)
+            else:
+                row["compile_s"] = first_call_s(lambda: got.extend(check(fn)))
             errs = [rel_err(g, r) for g, r in zip(got, reference, strict=True)]
             row["rel_err"] = max(errs)
             row["worst_output"] = errs.index(row["rel_err"])
@@ -511,6 +534,8 @@ def main() -> int:
     parser.add_argument("--max-autotune", action="store_true",
                         help="also torch.compile mode=max-autotune-no-cudagraphs (ResNet-50: ~5 min of compile)")
     parser.add_argument("--no-warm-compile", action="store_true", help="skip the warm-cache compile timing")
+    parser.add_argument("--profile-compile", action="store_true",
+                        help="cProfile each fusegraph compile (first call) into <results stem>_compile_profile.txt")
     parser.add_argument("--fg-mode", default="default", help="fg.compile mode for the fusegraph rows")
     parser.add_argument("--variants", default="", help="ResNet variants to run: comma-separated substrings of "
                         f"{'; '.join(RESNET_VARIANTS)}")
@@ -534,6 +559,7 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"targets_{'cpu_' if S.cpu else ''}{time.strftime('%Y%m%d_%H%M%S')}")
     S.progress = stem + "_progress.jsonl"
+    S.profile_compile = stem + "_compile_profile.txt" if args.profile_compile else ""
     results: list[dict[str, Any]] = []
     for group in [g.strip() for g in args.only.split(",") if g.strip()]:
         start = time.perf_counter()
