@@ -387,3 +387,42 @@ def test_plan_precompiles_a_repeated_block_once(gpu, monkeypatch):
     monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
     one = plan_precompile.precompile_plan(items(1), "cuda", {})
     assert one > 0 and plan_precompile.precompile_plan(items(3), "cuda", {}) == one
+
+
+def test_plan_precompiles_convolution_epilogues_once(gpu, monkeypatch):
+    """conv + batchnorm + relu blocks: the conv itself is a library call, but its generated epilogue
+    (the candidate the fused library plans are checked against) compiles with the plan's other kernels,
+    under the name the conv kernel gives it, once for identical blocks."""
+    from fusegraph import lower
+    from fusegraph.backends import plan_precompile
+    from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    def items(blocks: int) -> list:
+        g = fg.Graph(name="convs", compute_dtype="float32")
+        h = g.tensor((2, 8, 8, 8), dtype="float16", name="x")
+        for i in range(blocks):
+            w = g.tensor((8, 8, 3, 3), dtype="float16", name=f"w{i}")
+            b = g.tensor((8,), dtype="float16", name=f"b{i}")
+            h = g.relu(g.add(g.conv2d(h, w, padding=1), g.reshape(b, (1, 8, 1, 1))))
+        h.set_output()
+        plan = g.build(device="cpu")
+        return claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+
+    names: list[str] = []
+    real = plan_precompile.fused_warmup_jobs
+
+    def recording(group, k, device, options, generated=None, seen=None, name=None):
+        names.append(name or "")
+        return real(group, k, device, options, generated, seen, name)
+
+    monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
+    monkeypatch.setattr(plan_precompile, "fused_warmup_jobs", recording)
+    monkeypatch.setattr(lower, "_example_inputs",
+                        lambda nodes, device: [torch.zeros(n.shape, dtype=torch.float16) for n in nodes])
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
+    two = items(2)   # the last block's epilogue also converts back to NCHW: a kernel of its own
+    assert any(isinstance(item, ConvGroup) and item.epilogue_nodes for item in two)
+    first = plan_precompile.precompile_plan(two, "cuda", {})
+    assert first > 0 and any(n.endswith("_conv_epilogue") for n in names)
+    assert plan_precompile.precompile_plan(items(4), "cuda", {}) == first   # the middle blocks add nothing

@@ -5,8 +5,9 @@ order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>)
 sources are the same and Triton's in-memory cache already holds every candidate the kernel's own
 build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs), fused groups
 (pointwise, row reductions, and the two launches of split column reductions) and row + column pairs
-(both launches, when the pair is eligible for one pass); the rest (convolutions, attention, cuBLAS
-epilogues) compiles where it is built.
+(both launches, when the pair is eligible for one pass) and the generated epilogue of a convolution
+(fg_k{k}_conv_epilogue: the plain conv + epilogue candidate every fused library candidate is checked
+and timed against); the rest (library plans, attention, cuBLAS epilogues) compiles where it is built.
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
 
@@ -41,7 +42,11 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
                 jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device, seen)
             elif isinstance(item, RowColumnGroup):
                 jobs += row_column_warmup_jobs(item, k, device, options, seen)
-            elif isinstance(item, KernelGroup) and not isinstance(item, ConvGroup):
+            elif isinstance(item, ConvGroup):
+                if item.epilogue_nodes:
+                    jobs += fused_warmup_jobs(item.epilogue, k, device, options, seen=seen,
+                                              name=f"fg_k{k}_conv_epilogue")
+            elif isinstance(item, KernelGroup):
                 jobs += fused_warmup_jobs(item, k, device, options, seen=seen)
         except Exception as err:  # the kernel's own build reports it
             log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
@@ -77,7 +82,7 @@ def row_column_warmup_jobs(pair: Any, k: int, device: str, options: dict[str, An
 
 
 def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], generated: Any = None,
-                      seen: set[str] | None = None) -> list[Any]:
+                      seen: set[str] | None = None, name: str | None = None) -> list[Any]:
     """Compile jobs for a fused group (each launch of each config: two for split reductions): its
     first config when it is not timed (launch-bound, or a heuristic config under tune "fast"), the
     cached choice, else every candidate; [] when `seen` already has its source (another layer's copy)."""
@@ -88,7 +93,7 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], 
     from ..tune import Config
     from ..tune.autotuner import cached_choice, floor_ms_of, untimed_reason
 
-    name = f"fg_k{k}_{_summary(group)}"
+    name = name or f"fg_k{k}_{_summary(group)}"   # as lower names it (a conv's epilogue: its own name)
     gen = generated if generated is not None else generate(group, name)
     if not first_time(gen.source, seen):
         return []
