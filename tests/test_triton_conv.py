@@ -8,6 +8,7 @@ epilogue kernel) computes what the plain conv + epilogue path computes."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -23,6 +24,9 @@ from fusegraph.fusion.partition import partition_graph
 from fusegraph.settings import override
 
 CL = torch.channels_last
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# our kernel launched on CPU tensors: the interpreter (conftest's default; a GPU run with TRITON_INTERPRET=0 skips)
+on_the_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs the kernel on CPU tensors: TRITON_INTERPRET=1")
 
 # (name, N, C_in, H, W, C_out, KH, KW, stride, padding, dilation, bias)
 CASES = [
@@ -50,6 +54,7 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
                     dilation=dilation)
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_triton_conv_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) -> None:
@@ -61,6 +66,7 @@ def test_triton_conv_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) ->
     assert_close(out.float(), ref, tol=5e-3 if dtype == torch.float16 else 1e-5, what=case[0])
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("group_m", [1, 3])
 def test_small_tiles_k_tail_several_column_tiles_and_grouped_order(group_m: int) -> None:
     # M = 2*8*8 = 128 rows -> 8 row tiles; 40 columns -> 3 column tiles; K = 3*3*3 = 27 -> two K tiles of 16
@@ -70,6 +76,7 @@ def test_small_tiles_k_tail_several_column_tiles_and_grouped_order(group_m: int)
     assert_close(out, _reference(x, wt, b, 1, 1, 1), tol=1e-5)
 
 
+@on_the_interpreter
 def test_nchw_operands_and_given_output_strides() -> None:
     x = rand(2, 3, 11, 9, seed=3)                      # NCHW-contiguous input and weight
     wt = rand(8, 3, 3, 3, seed=4) / 5.0
@@ -138,6 +145,7 @@ def test_candidate_offered_for_narrow_channels_on_a_gpu_only(capsys: pytest.Capt
     assert triton_conv.unsupported(node) == "dtype float64 (fp16, bf16 and fp32 only)"
 
 
+@on_the_interpreter
 def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path() -> None:
     from fusegraph.lower import _example_inputs
 
@@ -178,6 +186,7 @@ def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
     return item
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("kind,layout", [("bias_relu", "NHWC"), ("bias_relu", None), ("bias_silu", "NHWC"),
                                          ("bias_gelu", "NHWC"), ("bn_relu", "NHWC"), ("bn_residual_relu", "NHWC")])
 def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None) -> None:
@@ -209,3 +218,22 @@ def test_fused_candidate_not_offered_for_an_epilogue_it_does_not_compute(capsys:
         offered = library_candidates(group, "cuda", "k_sig", "float32", _epilogue_kernel(group))
     assert "triton_conv" in offered and "triton_conv_fused" not in offered
     assert "k_sig: Triton conv not used: fused epilogue:" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETING,
+                    reason="needs a GPU and compiled kernels (TRITON_INTERPRET=0): tuned configs, bf16 dots")
+def test_on_the_gpu_tuned_bf16_and_a_plan_that_offers_both_candidates() -> None:
+    x, wt, b = _operands(4, 3, 64, 64, 64, 7, 7, True, torch.bfloat16, seed=11)
+    x, wt, b = x.cuda(), wt.cuda(), None if b is None else b.cuda()
+    out = triton_conv.conv2d(x, wt, b, (2, 2), (3, 3), (1, 1))          # autotuned on this GPU
+    assert_close(out.float(), _reference(x, wt, b, 2, 3, 1), tol=2e-2)
+    g = fg.Graph(name="stem_gpu", compute_dtype="float32")
+    xs = g.tensor(tuple(x.shape), dtype="bfloat16", name="x", layout="NHWC")
+    ws, bs = g.tensor(tuple(wt.shape), dtype="bfloat16", name="w"), g.tensor((64,), dtype="bfloat16", name="b")
+    y = g.relu(g.conv2d(xs, ws, bs, stride=2, padding=3))
+    y.set_output()
+    plan = g.build(device="cuda")
+    (kernel,) = plan.kernels
+    assert kernel.tuning["candidates"] >= 3      # conv + epilogue, triton_conv, triton_conv_fused (+ cuDNN fused)
+    got = plan.execute({xs: x, ws: wt, bs: b})[y]
+    assert_close(got.float(), torch.relu(_reference(x, wt, b, 2, 3, 1)), tol=2e-2)
