@@ -76,6 +76,25 @@ def test_small_tiles_k_tail_several_column_tiles_and_grouped_order(group_m: int)
     assert_close(out, _reference(x, wt, b, 1, 1, 1), tol=1e-5)
 
 
+
+@on_the_interpreter
+def test_autotuning_checks_and_times_every_config_and_caches_the_choice(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Any) -> None:
+    from fusegraph.tune import clear_memo, keys
+
+    monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "test GPU", "capability": "9.0"})
+    x, wt, b = _operands(1, 3, 6, 6, 16, 3, 3, True, torch.float32, seed=5)
+    problem = triton_conv.problem_of_tensors(x, wt, b, (1, 1), (1, 1), (1, 1))
+    clear_memo()
+    with override(cache_dir=str(tmp_path), autotune=True, tune_min_floor_us=0):
+        conv, tuning = triton_conv.autotuned(problem, "cpu")      # the GPU path, timed on the host clock
+        assert tuning["source"] == "tuned" and tuning["candidates"] == len(triton_conv.configs(problem)) > 1
+        assert conv.config in triton_conv.configs(problem)
+        assert_close(conv(x, wt, b), _reference(x, wt, b, 1, 1, 1), tol=1e-5)
+        clear_memo()
+        again, cached = triton_conv.autotuned(problem, "cpu")
+    assert cached["source"] == "cache" and again.config == conv.config
+
 @on_the_interpreter
 def test_nchw_operands_and_given_output_strides() -> None:
     x = rand(2, 3, 11, 9, seed=3)                      # NCHW-contiguous input and weight

@@ -345,18 +345,29 @@ def tuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]
     without a GPU, with autotuning off, or when the cost-model floor says launch-bound), and the
     tuning summary (Kernel.tuning's form). Tuned under one name for every plan position: the same
     convolution in another layer or plan finds the choice in the memo or the disk cache."""
+    if not device.startswith("cuda"):
+        return TritonConv(problem, configs(problem)[0]), {"source": "default", "seconds": 0.0,
+                                                          "candidates": len(configs(problem))}
+    return autotuned(problem, device)
+
+
+def autotuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]]:
+    """tuned() on `device`: each config is compiled (in parallel first), checked against F.conv2d
+    in fp32 (a config that computes something else is not a candidate) and timed."""
     from ..tune import Config, bench_ms, tune
     from ..tune.autotuner import summary
     from ..tune.precompile import compile_in_parallel
+    from .matmul_kernel import check_same
 
     candidates = configs(problem)
-    if not device.startswith("cuda"):
-        return TritonConv(problem, candidates[0]), {"source": "default", "seconds": 0.0,
-                                                    "candidates": len(candidates)}
     x, w, bias = example_operands(problem, device)
+    expected: list[torch.Tensor] = []
 
     def bench(config: Config) -> float:
         conv = TritonConv(problem, {k: int(v) for k, v in config.items()})
+        if not expected:
+            expected.append(reference_conv(problem, x, w, bias))
+        check_same([conv(x, w, bias)], expected, f"{KERNEL_NAME} {config}")
         return bench_ms(lambda: conv(x, w, bias))
 
     def precompile(kept: Sequence[Config]) -> None:
@@ -367,6 +378,18 @@ def tuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]
                   floor_ms=floor_ms(problem), precompile=precompile)
     chosen = {k: int(v) for k, v in result.config.items()}
     return TritonConv(problem, chosen), summary(result, len(candidates))
+
+
+def reference_conv(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.conv2d in fp32 (TF32 only where the problem allows it), in the problem's dtype."""
+    import torch.nn.functional as F
+
+    flags = torch.backends.cudnn
+    with flags.flags(enabled=flags.enabled, benchmark=flags.benchmark, deterministic=flags.deterministic,
+                     allow_tf32=problem.tf32):
+        out = F.conv2d(x.float(), w.float(), None if bias is None else bias.float(), stride=problem.stride,
+                       padding=problem.padding, dilation=problem.dilation)
+    return out.to(x.dtype)
 
 
 def floor_ms(problem: ConvProblem) -> float | None:
