@@ -117,6 +117,29 @@ def conv_row(case: Case, dtype: torch.dtype, device: str) -> tuple[str, bool]:
     return line, err <= limit
 
 
+def fused_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
+    """conv + bias + relu: torch's two calls, cuDNN's fused call, and our kernel with bias and relu in
+    its store (the tile config tuned for the plain conv)."""
+    from fusegraph.backends import triton_conv
+
+    x, w, b = operands(case, dtype, device)
+    stride, padding = (case.stride, case.stride), (case.padding, case.padding)
+    plain, _ = triton_conv.tuned(triton_conv.problem_of_tensors(x, w, None, stride, padding, (1, 1)), device)
+    problem = triton_conv.problem_of_tensors(x, w, b, stride, padding, (1, 1))
+    ours = triton_conv.TritonConv(problem, plain.config, triton_conv.EpilogueForm(activation="relu"))
+    want = torch.relu(F.conv2d(x, w, b, stride=case.stride, padding=case.padding))
+    err = rel_err(ours(x, w, b), want)
+    measure = timer(device)
+    calls: dict[str, Callable[[], Any]] = {
+        "torch conv+relu": lambda: torch.relu(F.conv2d(x, w, b, stride=case.stride, padding=case.padding)),
+        "ours fused": lambda: ours(x, w, b)}
+    if device.startswith("cuda") and hasattr(torch, "cudnn_convolution_relu"):
+        calls["cudnn_convolution_relu"] = lambda: torch.cudnn_convolution_relu(x, w, b, stride, padding, (1, 1), 1)
+    times = {k: measure(fn)[0] for k, fn in calls.items()}
+    return [f"{case.name} + bias + relu: " + ", ".join(f"{k} {ms:.4f} ms" for k, ms in times.items())
+            + f"; ours rel err {err:.1e}" + ("" if err <= BF16_LIMIT else " FAIL")]
+
+
 def plan_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
     """conv + bias + relu as a fusegraph plan (NHWC input): the chosen candidate and its time."""
     import fusegraph as fg
@@ -172,6 +195,7 @@ def main() -> None:
         line, matched = conv_row(case, dtype, device)
         ok &= matched
         emit(line)
+    emit("\n".join(fused_lines(cases[0], dtype, device)))
     if not args.no_plan:
         emit("\n".join(plan_lines(cases[0], dtype, device)))
     if not ok:
