@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--bn-check-only", action="store_true",
                         help="fusegraph default only: its timing and the in-place BN update check")
+    parser.add_argument("--explain", action="store_true", help="also each fusegraph plan's explain()")
     args = parser.parse_args()
     T.S.device = "cuda"
     ensure_torchvision_importable()
@@ -129,6 +130,10 @@ def main() -> None:
                 plan = part.plan
                 if plan is not None:
                     emit(f"    {part.name}: {plan.cuda_graph_note}", OUT_NAME)
+                    if args.explain:
+                        emit(plan.explain(), OUT_NAME)
+                        for k in plan.kernels[:2]:   # the stem: which candidate won, and the tuning
+                            emit(f"    {k.name}: {k.backend} {k.config} {k.tuning} {k.note}", OUT_NAME)
     # BN statistics written in place (a model evaluated between training epochs): a captured plan
     # baked the folded BN vectors into its graph and must refold them before replaying
     emit(bn_update_check(model, calls, x), OUT_NAME)
