@@ -199,8 +199,9 @@ def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
 
 def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any], device: str) -> str | None:
     """Autotune the library candidates against conv + our epilogue; each must first agree with it
-    (one that fails or differs is dropped, with the reason under FUSEGRAPH_DEBUG). Both kinds are
-    library calls: nothing to compile, so no launch-bound shortcut. The winner's name, or None for
+    (one that fails or differs is dropped, with the reason under FUSEGRAPH_DEBUG). The cuDNN kinds are
+    library calls, nothing to compile, so no launch-bound shortcut; ours (triton_conv*) compile and
+    tune their tile config at their first call, the agreement check. The winner's name, or None for
     conv + epilogue. Recorded in kernel.tuning."""
     from ..lower import _example_inputs
     from ..tune import Config, bench_ms, tune
