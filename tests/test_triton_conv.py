@@ -37,6 +37,7 @@ CASES = [
     ("dilation2", 1, 3, 12, 11, 20, 3, 3, (1, 1), (2, 2), (2, 2), True),
     ("rect_kernel_asym", 2, 5, 10, 13, 12, 2, 5, (2, 1), (0, 2), (1, 1), False),
     ("patch4x4s4", 2, 3, 16, 16, 40, 4, 4, (4, 4), (0, 0), (1, 1), True),
+    ("patch_ragged_dil", 1, 3, 18, 17, 8, 4, 3, (4, 3), (0, 0), (1, 2), False),   # unused last rows/cols
 ]
 
 

@@ -99,9 +99,13 @@ def fg_conv2d_implicit_gemm(
         kh = offs_k // (C_IN * KW)
         dh = kh * DIL_H
         dw = kw * DIL_W
-        ih = ih0[:, None] + dh[None, :]
-        iw = iw0[:, None] + dw[None, :]
-        a_ok = (m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W))
+        a_ok = m_ok[:, None] & k_ok[None, :]
+        if PAD_H > 0:   # without padding every window row lies inside the input (the output size says so)
+            ih = ih0[:, None] + dh[None, :]
+            a_ok = a_ok & (ih >= 0) & (ih < H)
+        if PAD_W > 0:
+            iw = iw0[:, None] + dw[None, :]
+            a_ok = a_ok & (iw >= 0) & (iw < W)
         a = tl.load(x_rows[:, None] + (c * sxc + dh * sxh + dw * sxw)[None, :], mask=a_ok, other=0.0)
         b = tl.load(w_cols[None, :] + (c * swc + kh * swh + kw * sww)[:, None],
                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)
