@@ -542,6 +542,11 @@ class FusedGroupLaunch:
         return self.conv
 
     def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """The folded fp32 per-channel vectors (None: nothing to fold), by cudnn_conv_epilogue's rule:
+        cached while their inputs are the same memory, unchanged; inside fusegraph's own CUDA-graph
+        capture the cached vectors are baked in with a pre-replay hook that refolds them into the same
+        buffers when an input was written in place; inside another capture they are folded in the graph."""
+        from ..runtime.cuda_graph import refresh_before_replay
         from . import cudnn_conv_epilogue as cce
 
         if not self.fold:
@@ -549,17 +554,38 @@ class FusedGroupLaunch:
         leaves = [args[k] for k in self.leaf_at]
         device = args[self.conv_at[0]].device
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if self.cacheable and not capturing and self._cache is not None:
+        if self.cacheable and self._cache is not None:
             held, cached = self._cache
-            if all(cce._same_unchanged(t, h, v) for (h, v), t in zip(held, leaves, strict=True)):
+            unchanged = len(held) == len(leaves) and all(
+                cce._same_unchanged(t, h, v) for (h, v), t in zip(held, leaves, strict=True))
+            if unchanged and (not capturing or refresh_before_replay(self._baked(held, cached))):
                 return cached
-        if self.constants is None:   # made once: a host-to-device copy cannot be captured
-            self.constants = cce.constant_values(self.epi, self.compute_dtype, device)
-        got = {k: v.float().contiguous() for k, v in
-               cce.fold(self.epi, leaves, self.compute_dtype, device, self.constants).items()}
+        got = self._fold(leaves, device)
         if self.cacheable and not capturing:
             self._cache = ([(t, t._version) for t in leaves], got)
         return got
+
+    def _fold(self, leaves: Sequence[torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+        from . import cudnn_conv_epilogue as cce
+
+        if self.constants is None:   # made once, outside any capture (the first call is the build's check)
+            self.constants = cce.constant_values(self.epi, self.compute_dtype, device)
+        return {k: v.float().contiguous() for k, v in
+                cce.fold(self.epi, leaves, self.compute_dtype, device, self.constants).items()}
+
+    def _baked(self, held: list[tuple[torch.Tensor, int]], cached: dict[str, torch.Tensor]) -> Any:
+        """The pre-replay hook of vectors baked into a captured graph (cudnn_conv_epilogue's rule)."""
+        versions = [v for _, v in held]
+        tensors = [t for t, _ in held]
+
+        def refresh() -> None:
+            if all(t._version == v for t, v in zip(tensors, versions, strict=True)):
+                return
+            for key, value in self._fold(tensors, tensors[0].device).items():
+                cached[key].copy_(value)
+            versions[:] = [t._version for t in tensors]
+
+        return refresh
 
     def describe(self) -> str:
         conv = self.prepare()
