@@ -358,9 +358,61 @@ class _RankedPlans:
             time.sleep(0.002)
 
 
+@pytest.fixture
+def tuning_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A GPU identity and an empty on-disk tuning cache (the plan choice goes through the autotuner)."""
+    from fusegraph.tune import clear_memo, keys
+
+    monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "Fake GPU H200", "capability": "9.0"})
+    clear_memo()
+    with override(cache_dir=str(tmp_path), autotune=True):
+        yield
+    clear_memo()
+
+
+KEY = {"conv": "stride=(1, 1)", "x": "bfloat16[8x64x56x56]", "cudnn": "91900"}
+
+
+@pytest.mark.usefixtures("tuning_cache")
 def test_the_fastest_cudnn_plan_is_selected(capsys: pytest.CaptureFixture[str]) -> None:
     graph = _RankedPlans()
     with override(debug=1):
-        cce.pick_fastest_plan(graph, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k")
+        cce.pick_fastest_plan(graph, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
     assert graph.selected == 1 and graph.built[-1] == 1
-    assert "using plan 1" in capsys.readouterr().out
+    assert "plan 1 (tuned" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("tuning_cache")
+def test_a_warm_compile_builds_only_the_remembered_cudnn_plan() -> None:
+    from fusegraph.tune import clear_memo
+
+    cce.pick_fastest_plan(_RankedPlans(), types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
+    clear_memo()                                   # a new process: only the on-disk cache is left
+    warm = _RankedPlans()
+    cce.pick_fastest_plan(warm, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
+    assert warm.built == [1]                       # no other plan built, none timed
+    other = _RankedPlans()                         # another graph (key) is timed again
+    cce.pick_fastest_plan(other, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", {**KEY, "x": "other"})
+    assert sorted(other.built[:-1]) == [0, 1] and other.selected == 1
+
+
+@pytest.mark.usefixtures("tuning_cache")
+def test_a_remembered_cudnn_plan_that_no_longer_builds_falls_back_to_the_heuristics() -> None:
+    from fusegraph.tune import clear_memo
+
+    class Drifted(_RankedPlans):
+        """The same graph where the remembered engine (1) no longer builds (another library build)."""
+
+        def build_plan_at_index(self, index: int) -> None:
+            if index == 1:
+                raise RuntimeError("engine 1 does not build here")
+            super().build_plan_at_index(index)
+
+        def build_plans(self) -> None:
+            self.selected = -1                     # the heuristics' walk
+
+    cce.pick_fastest_plan(_RankedPlans(), types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
+    clear_memo()
+    drifted = Drifted()
+    cce.pick_fastest_plan(drifted, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
+    assert drifted.selected == -1

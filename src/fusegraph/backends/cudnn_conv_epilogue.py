@@ -35,7 +35,7 @@ generated epilogue and picks between them on measured time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -545,7 +545,7 @@ def _build_first(epi: ConvEpilogue, cudnn: Any, device: torch.device, name: str)
                 graph, tensors = build_graph(cudnn, handle, epi, mode, vector_dtype)
                 fe._build(graph, cudnn)
                 if device.type == "cuda" and settings.autotune:
-                    _time_plans(graph, cudnn, handle, epi, tensors, vector_dtype, device, name)
+                    _time_plans(graph, cudnn, handle, epi, tensors, mode, vector_dtype, device, name)
                 plan = fe.FrontendPlan(cudnn, graph, handle, device)
             except Exception as err:  # no engine for this graph here: try the next form
                 failures.append(f"{mode} {vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
@@ -557,12 +557,27 @@ def _build_first(epi: ConvEpilogue, cudnn: Any, device: torch.device, name: str)
 MAX_PLANS = 4   # engine configurations timed per graph (each is built: bounded build time)
 
 
-def _time_plans(graph: Any, cudnn: Any, handle: Any, epi: ConvEpilogue, tensors: dict[str, Any], vector_dtype: str,
-                device: torch.device, name: str) -> None:
+def plan_cache_key(epi: ConvEpilogue, mode: str, vector_dtype: str, cudnn: Any) -> dict[str, Any]:
+    """What a fused conv graph computes, for the tuning cache: the plan_key fields, the graph's form
+    and the cuDNN library version (engine lists differ between versions)."""
+    conv = epi.conv
+    try:
+        version = str(cudnn.backend_version())
+    except Exception:  # an older frontend: the module's own version
+        version = str(getattr(cudnn, "__version__", "unknown"))
+    return {"conv": repr(conv.attrs), "x": str(conv.inputs[0].spec), "w": str(conv.inputs[1].spec),
+            "dtype": conv.dtype, "epilogue": epi.describe(), "residual": None if epi.residual is None
+            else str(epi.residual.spec), "out": str(epi.out.spec), "mode": mode, "vectors": vector_dtype,
+            "cudnn": version}
+
+
+def _time_plans(graph: Any, cudnn: Any, handle: Any, epi: ConvEpilogue, tensors: dict[str, Any], mode: str,
+                vector_dtype: str, device: torch.device, name: str) -> None:
     """pick_fastest_plan on random operands; if that fails, the heuristics' plan again (raises only
     when that cannot be rebuilt)."""
     try:
-        pick_fastest_plan(graph, cudnn, handle, example_bindings(epi, tensors, vector_dtype, device), name)
+        pick_fastest_plan(graph, cudnn, handle, example_bindings(epi, tensors, vector_dtype, device), name,
+                          plan_cache_key(epi, mode, vector_dtype, cudnn))
     except Exception as err:  # timing is an optimization: keep the heuristics' plan
         fe.debug(name, f"plan timing failed ({type(err).__name__}: {str(err)[:160]}); heuristics' plan kept")
         graph.build_plans()
@@ -604,10 +619,14 @@ def plan_device_ms(run: Callable[[], None], device: torch.device) -> float:
     return device_time(run, calls=10, repeats=3).ms
 
 
-def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, torch.Tensor], name: str) -> None:
-    """cuDNN's heuristics rank runtime-fusion engines poorly at times: build each of the first
-    MAX_PLANS execution plans, time it on `bindings`, and leave the fastest selected (the first one
-    stays selected when timing fails; the reason under FUSEGRAPH_DEBUG)."""
+def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, torch.Tensor], name: str,
+                      key: Mapping[str, Any]) -> None:
+    """cuDNN's heuristics rank runtime-fusion engines poorly at times: the first MAX_PLANS execution
+    plans are the autotuner's candidates (each built, then timed on `bindings`), and the fastest is
+    left selected. `key` names the graph (what it computes, the cuDNN version): the choice is kept in
+    the tuning cache, so a warm compile builds only the chosen plan instead of building and timing
+    them all. When none can be timed, or the remembered one does not build, the heuristics' choice."""
+    from ..tune import Config, tune
 
     try:
         count = min(int(graph.get_execution_plan_count()), MAX_PLANS)
@@ -617,34 +636,33 @@ def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, t
     if count <= 1:
         return
     device = next(iter(bindings.values())).device
-    if device.type == "cuda":
-        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
-    times: dict[int, float] = {}
-    for index in range(count):
-        try:
-            graph.build_plan_at_index(index)
-            workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
 
-            def run(ws: torch.Tensor = workspace) -> None:
-                if device.type == "cuda":   # the capture below runs on a side stream
-                    cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
-                graph.execute(bindings, ws, handle=handle)
+    def bench(config: Config) -> float:
+        graph.build_plan_at_index(int(config["plan"]))
+        workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
 
-            run()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[index] = plan_device_ms(run, device)
-        except Exception as err:  # a plan that does not build or run here: skipped
-            if settings.debug >= 2:
-                print(f"[fusegraph] {name}: cuDNN plan {index} skipped: {type(err).__name__}: {str(err)[:160]}")
-    if not times:   # none ran: back to the heuristics' choice (the walk from the selected plan)
-        fe.debug(name, "no cuDNN plan could be timed; heuristics' first plan kept")
+        def run() -> None:
+            if device.type == "cuda":   # plan_device_ms captures on a side stream
+                cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+            graph.execute(bindings, workspace, handle=handle)
+
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return plan_device_ms(run, device)
+
+    try:
+        result = tune(f"{name}_cudnn_plan", {**key, "plans": count}, [Config(plan=i) for i in range(count)], bench)
+        if device.type == "cuda":
+            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+        best = int(result.config["plan"])
+        graph.build_plan_at_index(best)
+    except Exception as err:   # none ran, or the remembered plan does not build: the heuristics' choice
+        fe.debug(name, f"no cuDNN plan chosen by timing ({type(err).__name__}: {str(err)[:160]}); "
+                       "heuristics' first plan kept")
         graph.build_plans()
         return
-    if device.type == "cuda":
-        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
-    best = min(times, key=lambda i: times[i])
-    graph.build_plan_at_index(best)
     if settings.debug >= 1:
-        timed = ", ".join(f"{i}: {t:.3f}" for i, t in sorted(times.items()))
-        print(f"[fusegraph] {name}: cuDNN fused conv plans timed (ms) {timed}; using plan {best}")
+        timed = ", ".join(f"{t.config['plan']}: {t.ms:.3f}" if t.ms is not None else f"{t.config['plan']}: failed"
+                          for t in result.timings)
+        print(f"[fusegraph] {name}: cuDNN fused conv plan {best} ({result.source}; timed ms: {timed or '-'})")
