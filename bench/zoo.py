@@ -27,7 +27,9 @@ Per model and dtype (GPU: float32 with TF32 off on both sides, and bfloat16):
 - peak memory (inference, no_grad): max_memory_allocated over one call minus what was allocated before it
   (weights and inputs), for eager, Inductor and fusegraph;
 - fallbacks: ops fusegraph left to torch (names, with why) and the count of eager ATen op instances.
-Results: JSON lines and a markdown table in $OUT (when set) and bench/results/.
+Results: JSON lines and a markdown table in $OUT (when set) and bench/results/. A model that loses the
+CUDA context (a device-side assert poisons every later CUDA call) is recorded as failed, and the rows left
+run in a fresh process (os.execv) that appends to the same results within the remaining --budget-s.
 """
 
 from __future__ import annotations
@@ -285,12 +287,17 @@ class Results:
     """Rows written as they come (JSON lines in $OUT and bench/results/: a run cut off by its time limit keeps
     what it measured), the markdown table at the end."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, stem: str | None = None) -> None:
         self.rows: list[dict[str, Any]] = []
-        self.stem = f"zoo-{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.stem = stem or f"zoo-{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.folders = [f for f in (os.environ.get("OUT"), RESULTS_DIR) if f]
         for folder in self.folders:
             os.makedirs(folder, exist_ok=True)
+        if stem:   # a resumed run (after a lost CUDA context): the rows measured before it
+            path = os.path.join(self.folders[0], stem + ".jsonl")
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.rows = [json.loads(line) for line in f if line.strip()]
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -326,7 +333,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CPU: generated kernels under TRITON_INTERPRET=1, or the reference lowering")
     p.add_argument("--train", action="store_true", help="GPT-2-124M and ResNet-50 training steps (zoo_train.py)")
     p.add_argument("--minilm", action="store_true", help="the real-weight model on CPU, fp32, vs eager")
+    p.add_argument("--resume", default=None, help=argparse.SUPPRESS)   # the results stem a restarted run appends to
+    p.add_argument("--todo", nargs="*", default=None, help=argparse.SUPPRESS)   # model/dtype pairs left to run
     return p.parse_args(argv)
+
+
+def cuda_usable() -> bool:
+    """False when the CUDA context is lost (a device-side assert poisons every later CUDA call)."""
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").sum().item()) == 1.0
+    except Exception:  # the error of the lost context itself
+        return False
+
+
+def restart_argv(argv: list[str], left: list[tuple[str, str]], stem: str, budget_left: float | None) -> list[str]:
+    """The command line of a fresh process that runs the `left` (model, dtype) pairs and appends to `stem`:
+    the original options without the model selection, budget and earlier resume state."""
+    drop_with_values = {"--only", "--part", "--budget-s", "--resume", "--todo", "--dtypes"}
+    kept: list[str] = []
+    skipping = False
+    for arg in argv:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            skipping = name in drop_with_values and "=" not in arg
+            if name in drop_with_values:
+                continue
+        elif skipping:
+            continue
+        kept.append(arg)
+    kept += ["--resume", stem, "--todo", *[f"{m}/{d}" for m, d in left]]
+    if budget_left is not None:
+        kept += ["--budget-s", f"{max(budget_left, 1.0):.0f}"]
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,9 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = [getattr(torch, d) for d in (args.dtypes or (["float32"] if args.cpu_smoke else ["float32", "bfloat16"]))]
     start, longest = time.perf_counter(), 0.0
     tag = "cpu-smoke" if args.cpu_smoke else ("gpu" + (f"-part{args.part.replace('/', 'of')}" if args.part else ""))
-    results = Results(tag)
+    results = Results(tag, args.resume)
     rows = results.rows
-    todo = [(m, d) for m in select(args) for d in dtypes]
+    if args.todo is not None:   # a restarted run: exactly the pairs the lost process had left
+        by_name = {m.name: m for m in MODELS}
+        todo = [(by_name[name], getattr(torch, d)) for name, d in (pair.split("/") for pair in args.todo)]
+    else:
+        todo = [(m, d) for m in select(args) for d in dtypes]
     for i, (m, dtype) in enumerate(todo):
         base = {"model": m.name, "dtype": str(dtype).replace("torch.", "")}
         elapsed = time.perf_counter() - start
@@ -381,6 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         longest = max(longest, row["wall_s"])
         results.add(row)
+        pairs_left = [(n.name, str(d).replace("torch.", "")) for n, d in todo[i + 1:]]
+        if not row.get("ok", True) and not args.cpu_smoke and pairs_left and not cuda_usable():
+            budget = None if args.budget_s is None else args.budget_s - (time.perf_counter() - start)
+            argv_now = restart_argv(sys.argv[1:], pairs_left, results.stem, budget)
+            print(f"CUDA context lost after {m.name}: the {len(pairs_left)} row(s) left run in a fresh process",
+                  flush=True)
+            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *argv_now])
         if not args.cpu_smoke:
             torch.cuda.empty_cache()
     info = versions()

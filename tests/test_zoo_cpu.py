@@ -102,3 +102,24 @@ def test_real_weight_minilm_matches_eager():
     assert compiled.fusegraph_report.fallback_ops == {}
     norms = out.norm(dim=-1)
     assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
+
+
+def test_a_lost_cuda_context_restarts_the_rows_left_in_a_fresh_process(tmp_path, monkeypatch):
+    """A device-side assert poisons the CUDA context: zoo.py re-executes itself for the rows left,
+    appending to the same results (argv without the old selection, budget and resume state)."""
+    zoo = pytest.importorskip("zoo")
+    argv = ["--dtypes", "bfloat16", "float32", "--quick", "--only", "a", "b", "--budget-s", "500", "--no-warm"]
+    got = zoo.restart_argv(argv, [("tv_resnet18", "bfloat16"), ("hf_gpt2", "float32")], "zoo-gpu-x", 123.4)
+    assert got == ["--quick", "--no-warm", "--resume", "zoo-gpu-x", "--todo", "tv_resnet18/bfloat16",
+                   "hf_gpt2/float32", "--budget-s", "123"]
+    assert zoo.restart_argv(["--part=1/2", "--quick"], [("m", "float32")], "s", None) == \
+        ["--quick", "--resume", "s", "--todo", "m/float32"]
+    monkeypatch.setattr(zoo, "RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("OUT", raising=False)
+    first = zoo.Results("gpu")
+    first.add({"model": "a", "ok": True})
+    resumed = zoo.Results("gpu", first.stem)
+    resumed.add({"model": "b", "ok": True})
+    assert [r["model"] for r in resumed.rows] == ["a", "b"]
+    args = zoo.parse_args(["--resume", first.stem, "--todo", "tv_resnet18/float32"])
+    assert args.todo == ["tv_resnet18/float32"] and args.resume == first.stem
