@@ -23,8 +23,10 @@ residual's scale (|r| < 1e-20 replaced by 1e-20: the residual's term is then neg
 The per-channel vectors are folded per call (a few ops on 2 x C elements) and reused while every
 per-channel input is a plan input or constant still backed by the same memory (the cache holds the
 tensor, so that memory is not reused) at the same version (torch bumps the version counter, shared
-by aliases like detach(), on in-place writes; writes through `.data` are not seen). Inside a CUDA
-graph capture they are always recomputed, so each replay refolds (an in-place update is seen).
+by aliases like detach(), on in-place writes; writes through `.data` are not seen). In fusegraph's
+own CUDA-graph capture the cached vectors are baked into the graph, with a pre-replay hook that refolds
+them when a per-channel input was written in place; inside another capture they are recomputed in the
+graph (FoldedVectors).
 Anything else in the epilogue: not offered, with the reason under FUSEGRAPH_DEBUG.
 
 Plans are built at build time, once per distinct (shapes, dtypes, conv attributes, epilogue form);
@@ -383,6 +385,47 @@ def _same_unchanged(t: torch.Tensor, held: torch.Tensor, version: int) -> bool:
             and t.stride() == held.stride() and t.dtype == held.dtype)
 
 
+class FoldedVectors:
+    """A fused conv epilogue's per-channel vectors, folded from its per-channel inputs (`leaves`) by
+    `fold(leaves, device)` and cached while the leaves are the same memory, unchanged (version
+    counters) when `cacheable`. Inside fusegraph's own CUDA-graph capture the cached vectors are baked
+    into the graph with a hook (runtime.cuda_graph.refresh_before_replay) that refolds them into the
+    same buffers before a replay when a leaf was written in place since (BN statistics updated between
+    evaluations); inside any other capture they are folded in the graph, every replay."""
+
+    def __init__(self, cacheable: bool,
+                 fold: Callable[[Sequence[torch.Tensor], torch.device], dict[str, torch.Tensor]]) -> None:
+        self.cacheable = cacheable
+        self.fold = fold
+        self._cache: tuple[list[tuple[torch.Tensor, int]], dict[str, torch.Tensor]] | None = None
+
+    def get(self, leaves: Sequence[torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if self.cacheable and self._cache is not None:
+            held, cached = self._cache
+            unchanged = len(held) == len(leaves) and all(_same_unchanged(t, h, v)
+                                                         for (h, v), t in zip(held, leaves, strict=True))
+            if unchanged and (not capturing or refresh_before_replay(self._baked(held, cached))):
+                return cached
+        got = self.fold(leaves, device)
+        if self.cacheable and not capturing:
+            self._cache = ([(t, t._version) for t in leaves], got)
+        return got
+
+    def _baked(self, held: list[tuple[torch.Tensor, int]], cached: dict[str, torch.Tensor]) -> Callable[[], None]:
+        versions = [v for _, v in held]
+        tensors = [t for t, _ in held]
+
+        def refresh() -> None:
+            if all(t._version == v for t, v in zip(tensors, versions, strict=True)):
+                return
+            for key, value in self.fold(tensors, tensors[0].device).items():
+                cached[key].copy_(value)
+            versions[:] = [t._version for t in tensors]
+
+        return refresh
+
+
 class FusedConvLaunch:
     """The launch of a built plan: args in the ConvGroup's input order -> [result in out_strides].
     `folds` counts how often the per-channel vectors were (re)computed."""
@@ -404,8 +447,8 @@ class FusedConvLaunch:
         # caching is safe only for values that are plan inputs or constants (not buffers other kernels rewrite)
         self.cacheable = all(n.op in ("input", "constant") for n in epi.leaves)
         self.constants = constant_values(epi, compute_dtype, device)
-        self._cache: tuple[list[tuple[Any, int]], dict[str, torch.Tensor]] | None = None
         self.folds = 0
+        self.folded = FoldedVectors(self.cacheable, self._fold)
         self.roles = tuple(tensors)
         uids = [getattr(tensors[r], "uid", None) for r in self.roles]
         ints = [u for u in uids if isinstance(u, int)]
@@ -413,22 +456,8 @@ class FusedConvLaunch:
         self.ordered: bool | None = None     # the ordered binding path: untried, agreed with the dict path, or not
 
     def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The folded per-channel vectors: cached while their inputs are the same memory, unchanged.
-        Inside fusegraph's own CUDA-graph capture the cached vectors are baked into the graph, with a
-        hook that refolds them into the same buffers before a replay when an input was written in place
-        (BN statistics updated between evaluations); inside another capture they are folded in the graph."""
-        leaves = [args[k] for k in self.leaf_at]
-        capturing = args[0].is_cuda and torch.cuda.is_current_stream_capturing()
-        if self.cacheable and self._cache is not None:
-            held, cached = self._cache
-            unchanged = len(held) == len(leaves) and all(_same_unchanged(t, h, v)
-                                                         for (h, v), t in zip(held, leaves, strict=True))
-            if unchanged and (not capturing or refresh_before_replay(self._baked(held, cached))):
-                return cached
-        got = self._fold(leaves, args[0].device)
-        if self.cacheable and not capturing:
-            self._cache = ([(t, t._version) for t in leaves], got)
-        return got
+        """The folded per-channel vectors (FoldedVectors: cached, baked into fusegraph's captures)."""
+        return self.folded.get([args[k] for k in self.leaf_at], args[0].device)
 
     def _fold(self, leaves: Sequence[torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
         self.folds += 1
@@ -438,21 +467,6 @@ class FusedConvLaunch:
         c = self.epi.channels   # [1, C, 1, 1] in the NHWC strides the graph declares
         return {k: v.to(self.vector_dtype).contiguous().as_strided((1, c, 1, 1), (c, 1, c, c))
                 for k, v in got.items()}
-
-    def _baked(self, held: list[tuple[torch.Tensor, int]], cached: dict[str, torch.Tensor]) -> Callable[[], None]:
-        """The pre-replay hook of vectors baked into a captured graph: refold into the same buffers
-        when one of the inputs they were folded from was written in place since."""
-        versions = [v for _, v in held]
-        tensors = [t for t, _ in held]
-
-        def refresh() -> None:
-            if all(t._version == v for t, v in zip(tensors, versions, strict=True)):
-                return
-            for key, value in self._fold(tensors, tensors[0].device).items():
-                cached[key].copy_(value)
-            versions[:] = [t._version for t in tensors]
-
-        return refresh
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         cl = torch.channels_last
