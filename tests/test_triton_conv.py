@@ -1,7 +1,10 @@
 """Our Triton implicit-GEMM conv2d (backends/triton_conv.py) under the Triton interpreter, against
-F.conv2d in fp32 (fp16 and fp32 operands: tl.dot on bf16 is wrong under the interpreter): the
-ResNet stem scaled down, 3x3, 1x1, dilation, non-square input and kernel, bias or none, C_out not a
-power of two, NCHW operands and output strides, tile configs with K tails and grouped tile order;
+F.conv2d in fp32 (fp16 and fp32 operands: tl.dot on bf16 is wrong under the interpreter), in both
+variants (direct, and padded: backends/triton_conv_pad.py): the ResNet stem scaled down, C_in 1 and
+5, 3x3, 1x1, dilation, non-square input and kernel, bias or none, C_out not a power of two, NCHW
+operands and output strides, tile configs with K tails and grouped tile order, Inf inputs; the
+padded variant's alignment/contiguity hints (which the interpreter ignores) checked against the
+addresses it computes; both variants among the tuner's candidates;
 and the ConvGroup candidate hook: offered for a narrow-channel group on a GPU, not for wide or
 grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the candidate (our conv + the group's
 epilogue kernel) computes what the plain conv + epilogue path computes."""
@@ -9,6 +12,7 @@ epilogue kernel) computes what the plain conv + epilogue path computes."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -38,7 +42,15 @@ CASES = [
     ("rect_kernel_asym", 2, 5, 10, 13, 12, 2, 5, (2, 1), (0, 2), (1, 1), False),
     ("patch4x4s4", 2, 3, 16, 16, 40, 4, 4, (4, 4), (0, 0), (1, 1), True),
     ("patch_ragged_dil", 1, 3, 18, 17, 8, 4, 3, (4, 3), (0, 0), (1, 2), False),   # unused last rows/cols
+    ("gray_c1_7x7s2", 2, 1, 13, 12, 8, 7, 7, (2, 2), (3, 3), (1, 1), True),        # C_PAD 1
+    ("c5_3x3s1p1", 1, 5, 9, 8, 12, 3, 3, (1, 1), (1, 1), (1, 1), False),            # C_PAD 8
 ]
+VARIANTS = ("direct", "padded")
+
+
+def _config(problem: triton_conv.ConvProblem, variant: str) -> dict[str, Any]:
+    """The variant's first (best-guess) config for the problem."""
+    return next(c for c in triton_conv.configs(problem) if c["VARIANT"] == variant)
 
 
 def _operands(n: int, c: int, h: int, w: int, co: int, kh: int, kw: int, bias: bool, dtype: torch.dtype,
@@ -56,12 +68,14 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride:
 
 
 @on_the_interpreter
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_triton_conv_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) -> None:
+def test_triton_conv_matches_torch(case: tuple[Any, ...], dtype: torch.dtype, variant: str) -> None:
     _, n, c, h, w, co, kh, kw, stride, padding, dilation, bias = case
     x, wt, b = _operands(n, c, h, w, co, kh, kw, bias, dtype, seed=len(case[0]))
-    out = triton_conv.conv2d(x, wt, b, stride, padding, dilation)   # the untimed first config off the GPU
+    problem = triton_conv.problem_of_tensors(x, wt, b, stride, padding, dilation)
+    out = triton_conv.conv2d(x, wt, b, stride, padding, dilation, config=_config(problem, variant))
     ref = _reference(x, wt, b, stride, padding, dilation)
     assert out.dtype == dtype and out.is_contiguous(memory_format=CL)   # NHWC-dense in the operands' dtype
     assert_close(out.float(), ref, tol=5e-3 if dtype == torch.float16 else 1e-5, what=case[0])
@@ -76,6 +90,73 @@ def test_small_tiles_k_tail_several_column_tiles_and_grouped_order(group_m: int)
     out = triton_conv.conv2d(x, wt, b, (1, 1), (1, 1), (1, 1), config=config)
     assert_close(out, _reference(x, wt, b, 1, 1, 1), tol=1e-5)
 
+
+@on_the_interpreter
+@pytest.mark.parametrize("block_k", [16, 32, 64])
+def test_padded_variant_k_tiles_of_half_one_and_two_rows_with_row_and_column_tails(block_k: int) -> None:
+    # the stem scaled down, fp16: K rows of 7*4 = 28 -> 32; 16: half rows, 64: two rows and a masked 8th;
+    # M = 2*9*8 = 144 rows (a 16-row tail of the 32-row tile), 20 columns (a 4-column tail)
+    x, wt, b = _operands(2, 3, 17, 15, 20, 7, 7, True, torch.float16, seed=9)
+    config = {"VARIANT": "padded", "BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": block_k, "GROUP_M": 3,
+              "num_warps": 2, "num_stages": 2}
+    out = triton_conv.conv2d(x, wt, b, (2, 2), (3, 3), (1, 1), config=config)
+    assert_close(out.float(), _reference(x, wt, b, 2, 3, 1), tol=5e-3)
+
+
+@on_the_interpreter
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_inf_and_nan_reach_only_the_outputs_whose_window_holds_them(variant: str) -> None:
+    # the padded variant reads whole K rows of x_pad (8 taps for 7): its K mask keeps the 8th tap, a
+    # neighbour outside the window, out of the product (x_pad column 11 is the 8th tap of output column 2)
+    x, wt, _ = _operands(1, 3, 12, 12, 16, 7, 7, False, torch.float32, seed=13)
+    x[0, 1, 5, 8] = float("inf")
+    x[0, 0, 10, 3] = float("nan")
+    problem = triton_conv.problem_of_tensors(x, wt, None, (2, 2), (3, 3), (1, 1))
+    out = triton_conv.conv2d(x, wt, None, (2, 2), (3, 3), (1, 1), config=_config(problem, variant))
+    ref = _reference(x, wt, None, 2, 3, 1)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    finite = ref.isfinite()
+    assert 0 < int(finite.sum()) < ref.numel()
+    assert_close(out[finite], ref[finite], tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("case", [("stem", 3, 7, 7, (2, 2), (3, 3), (1, 1)), ("s1", 3, 3, 3, (1, 1), (1, 1), (1, 1)),
+                                  ("gray", 1, 7, 7, (2, 2), (3, 3), (1, 1)), ("c5", 5, 3, 3, (2, 1), (1, 2), (1, 1)),
+                                  ("dil", 3, 3, 3, (1, 1), (2, 2), (2, 3)), ("patch", 3, 4, 4, (4, 4), (0, 0), (1, 1))],
+                         ids=lambda c: c[0] if isinstance(c, tuple) else c)
+def test_padded_variant_alignment_and_contiguity_hints_hold(case: tuple[Any, ...], dtype: str) -> None:
+    """tl.multiple_of / tl.max_contiguous / tl.max_constancy are promises the interpreter ignores
+    and the GPU build trusts (a wrong one loads wrong data): recompute the padded kernel's A offsets
+    and mask for every output row and K tile, and check each run of A_CONTIG offsets is contiguous
+    and starts at a multiple of ROW_ALIGN, and the K mask is constant over its stated runs."""
+    _, c_in, kh, kw, stride, padding, dilation = case
+    x = torch.empty(2, c_in, 13, 11)
+    w = torch.empty(8, c_in, kh, kw)
+    problem = triton_conv.problem_of_tensors(x, w, None, stride, padding, dilation)
+    problem = replace(problem, dtype=dtype)
+    n, _, oh, ow = problem.out_shape
+    for config in [c for c in triton_conv.configs(problem) if c["VARIANT"] == "padded"]:
+        conv = triton_conv.TritonConv(problem, config)
+        assert conv.padder is not None
+        k_ = conv.constexprs
+        sxn, _, sxh, sxw = conv.padder.geom.strides
+        m = torch.arange(n * oh * ow)
+        row = (m // (ow * oh)) * sxn + ((m // ow) % oh * stride[0]) * sxh + (m % ow * stride[1]) * sxw
+        bk, k_row, c_pad, align, run = (k_["BLOCK_K"], k_["K_ROW"], k_["C_PAD"], k_["ROW_ALIGN"], k_["A_CONTIG"])
+        assert align >= 1 and run >= 1 and bk % run == 0
+        k_steps = -(-kh * k_row // bk)
+        assert conv.padder.k_pad == k_steps * bk
+        for kb in range(k_steps):
+            k = kb * bk + torch.arange(bk)
+            kh_, j = k // k_row, k % k_row
+            col = kh_ * dilation[0] * sxh + (j if dilation[1] == 1 else (j // c_pad) * dilation[1] * sxw + j % c_pad)
+            offs = (row[:, None] + col[None, :]).reshape(len(row), bk // run, run)
+            assert bool((offs[:, :, 0] % align == 0).all()), (config, kb)
+            assert bool((offs - offs[:, :, :1] == torch.arange(run)).all()), (config, kb)
+            mask = (kh_ < kh) & ((j // c_pad) < kw)
+            const = c_pad if kw * c_pad < k_row else run
+            assert bool((mask.reshape(-1, const) == mask.reshape(-1, const)[:, :1]).all()), (config, kb)
 
 
 @on_the_interpreter
@@ -97,12 +178,14 @@ def test_autotuning_checks_and_times_every_config_and_caches_the_choice(monkeypa
     assert cached["source"] == "cache" and again.config == conv.config
 
 @on_the_interpreter
-def test_nchw_operands_and_given_output_strides() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nchw_operands_and_given_output_strides(variant: str) -> None:
     x = rand(2, 3, 11, 9, seed=3)                      # NCHW-contiguous input and weight
     wt = rand(8, 3, 3, 3, seed=4) / 5.0
     oh, ow = 6, 5
     nchw = (8 * oh * ow, oh * ow, ow, 1)
-    out = triton_conv.conv2d(x, wt, None, (2, 2), (1, 1), (1, 1), out_strides=nchw)
+    problem = triton_conv.problem_of_tensors(x, wt, None, (2, 2), (1, 1), (1, 1), nchw)
+    out = triton_conv.conv2d(x, wt, None, (2, 2), (1, 1), (1, 1), out_strides=nchw, config=_config(problem, variant))
     assert out.stride() == nchw
     assert_close(out, _reference(x, wt, None, 2, 1, 1), tol=1e-5)
 
@@ -111,8 +194,11 @@ def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> No
     x, wt, _ = _operands(1, 3, 6, 6, 10, 3, 3, False, torch.float16, seed=1)
     problem = triton_conv.problem_of_tensors(x, wt, None, (1, 1), (1, 1), (1, 1))
     assert (problem.m, problem.k, problem.out_shape[1]) == (36, 27, 10)
+    assert triton_conv.padded_k(problem) == 3 * 16            # kh rows of 3*4 = 12 -> 16
     for cfg in triton_conv.configs(problem):
-        assert cfg["BLOCK_M"] <= 64 and cfg["BLOCK_N"] == 16 and cfg["BLOCK_K"] <= 32
+        assert cfg["BLOCK_M"] <= 64 and cfg["BLOCK_N"] == 16
+        assert cfg["BLOCK_K"] <= (32 if cfg["VARIANT"] == "direct" else 64)
+    assert triton_conv.configs(problem)[0]["VARIANT"] == "direct"    # the untimed default is unchanged
     stem = triton_conv.problem_of_tensors(torch.empty(128, 3, 224, 224), torch.empty(64, 3, 7, 7), None,
                                           (2, 2), (3, 3), (1, 1))
     assert stem.m == 128 * 112 * 112 and stem.k == 147
@@ -120,6 +206,7 @@ def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> No
     key = stem.key("cuda:0")
     assert key["conv"] == [(2, 2), (3, 3), (1, 1)] and key["dtype"] == "float32"
     assert key["x"][1] == (3 * 224 * 224, 224 * 224, 224, 1)                    # strides are part of the key
+    assert key["version"] == triton_conv.TUNING_VERSION == 2     # entries from before the variants do not alias
 
 
 def _conv_group(c_in: int = 3, groups: int = 1, activation: str = "relu", dtype: str = "float16") -> ConvGroup:

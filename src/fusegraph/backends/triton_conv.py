@@ -11,6 +11,14 @@ fp32 with tl.dot (fp32 operands: exact, input_precision="ieee", unless TF32 is a
 bias in fp32 and stores in the output's dtype into the given output strides. Programs walk the
 tiles in grouped (swizzled) order: GROUP_M row tiles share their weight columns in L2.
 
+Two variants, both tuning candidates (config key VARIANT; the autotuner checks each config against
+F.conv2d and times it, and the faster wins per problem): "direct" gathers A from x itself as above;
+"padded" (triton_conv_pad.py) first writes x into a zero-padded NHWC buffer with C padded to a power
+of two and w into the matching K order (one extra launch), then gathers each window's kh row as
+contiguous, aligned runs without border masks (alignment and contiguity hints: cp.async vectors
+instead of one 2-byte load per element when C_in = 3). Without a GPU or autotuning the first
+(direct) config runs.
+
 Where it is offered (`unsupported`): conv2d, groups == 1, fp16/bf16/fp32, and C_in <= MAX_C_IN
 (16). Why narrow input channels: cuDNN's tensor-core convolutions vectorize the channel dimension
 per filter tap (C padded to 8 or more per (kh, kw)), so a 3-channel stem wastes most of its K and
@@ -31,15 +39,19 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidValueError
 from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
 from ..runtime.kernel import in_strides
 from ..settings import settings
+from . import triton_conv_pad as pad
 
 KERNEL_NAME = "fg_conv2d_implicit_gemm"
 MAX_C_IN = 16
 DTYPES = ("float16", "bfloat16", "float32")
+VARIANTS = ("direct", "padded")   # config key VARIANT; see the module doc
+TUNING_VERSION = 2                # in the tuning key: 2 = configs carry VARIANT (direct and padded)
 
 TRITON_CONV_SOURCE = '''\
 import triton
@@ -59,6 +71,11 @@ def fg_conv2d_implicit_gemm(
     STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
     DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    # the padded variant (triton_conv_pad.py): x is x_pad[N, C_PAD, HP, WA] (NHWC, zero border) and w is
+    # w_pad[CO, K] (k contiguous, zero-padded); K runs over kh rows of K_ROW elements (kw, c < C_PAD);
+    # ROW_ALIGN divides each contiguous run's start in x_pad, A_CONTIG is the run's length
+    PADDED: tl.constexpr, C_PAD: tl.constexpr, K_ROW: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    A_CONTIG: tl.constexpr,
     # the fused epilogue: ACTIVATION(acc * scale + shift + residual * rscale), each part optional
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RSCALE: tl.constexpr,
     ACTIVATION: tl.constexpr,     # "" | "relu" | "gelu" | "gelu_approx_tanh" | "swish"
@@ -85,31 +102,61 @@ def fg_conv2d_implicit_gemm(
     ow = offs_m % OW
     oh = (offs_m // OW) % OH
     nb = (offs_m // (OW * OH)).to(tl.int64)
-    ih0 = oh * STRIDE_H - PAD_H            # top-left input pixel of each output pixel's window
-    iw0 = ow * STRIDE_W - PAD_W
-    x_rows = x_ptr + nb * sxn + ih0 * sxh + iw0 * sxw
     w_cols = w_ptr + offs_n.to(tl.int64) * swo
-
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K_TOTAL, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K_TOTAL
-        c = offs_k % C_IN
-        kw = (offs_k // C_IN) % KW
-        kh = offs_k // (C_IN * KW)
-        dh = kh * DIL_H
-        dw = kw * DIL_W
-        a_ok = m_ok[:, None] & k_ok[None, :]
-        if PAD_H > 0:   # without padding every window row lies inside the input (the output size says so)
-            ih = ih0[:, None] + dh[None, :]
-            a_ok = a_ok & (ih >= 0) & (ih < H)
-        if PAD_W > 0:
-            iw = iw0[:, None] + dw[None, :]
-            a_ok = a_ok & (iw >= 0) & (iw < W)
-        a = tl.load(x_rows[:, None] + (c * sxc + dh * sxh + dw * sxw)[None, :], mask=a_ok, other=0.0)
-        b = tl.load(w_cols[None, :] + (c * swc + kh * swh + kw * sww)[:, None],
-                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+    if PADDED:
+        # no border masks (x_pad holds the zero border) and no row masks: tail rows re-read row M-1's
+        # window and tail columns weight column C_OUT-1 (their stores are masked). A is masked only
+        # along K (kw >= KW, kh >= KH), a mask constant over runs of C_PAD (or whole rows), so each
+        # tap's C_PAD channels load as one vector; w_pad[C_OUT, K_STEPS * BLOCK_K] loads unmasked.
+        K_STEPS = (KH * K_ROW + BLOCK_K - 1) // BLOCK_K
+        m_a = tl.minimum(offs_m, M - 1)
+        nb_a = (m_a // (OW * OH)).to(tl.int64)
+        row_off = nb_a * sxn + ((m_a // OW) % OH * STRIDE_H) * sxh + (m_a % OW * STRIDE_W) * sxw
+        w_rows = tl.minimum(offs_n, C_OUT - 1).to(tl.int64) * (K_STEPS * BLOCK_K)
+        for kb in range(0, K_STEPS):
+            offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            kh = offs_k // K_ROW
+            j = offs_k % K_ROW                      # (kw, c) within the kh row
+            kw = j // C_PAD
+            if DIL_W == 1:
+                col = kh * (DIL_H * sxh) + j        # a kh row's KW*C_PAD elements are contiguous in x_pad
+            else:
+                col = kh * (DIL_H * sxh) + kw * (DIL_W * sxw) + j % C_PAD
+            a_offs = row_off[:, None] + col[None, :]
+            a_offs = tl.max_contiguous(tl.multiple_of(a_offs, [1, ROW_ALIGN]), [1, A_CONTIG])
+            if KW * C_PAD < K_ROW:
+                k_ok = tl.max_constancy((kh < KH) & (kw < KW), [C_PAD])
+            else:
+                k_ok = tl.max_constancy(kh < KH, [A_CONTIG])
+            a = tl.load(x_ptr + a_offs, mask=k_ok[None, :], other=0.0)
+            b_offs = w_rows[None, :] + offs_k[:, None]
+            b = tl.load(w_ptr + tl.max_contiguous(tl.multiple_of(b_offs, [BLOCK_K, 1]), [BLOCK_K, 1]))
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        ih0 = oh * STRIDE_H - PAD_H            # top-left input pixel of each output pixel's window
+        iw0 = ow * STRIDE_W - PAD_W
+        x_rows = x_ptr + nb * sxn + ih0 * sxh + iw0 * sxw
+        for k0 in range(0, K_TOTAL, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < K_TOTAL
+            c = offs_k % C_IN
+            kw = (offs_k // C_IN) % KW
+            kh = offs_k // (C_IN * KW)
+            dh = kh * DIL_H
+            dw = kw * DIL_W
+            a_ok = m_ok[:, None] & k_ok[None, :]
+            if PAD_H > 0:   # without padding every window row lies inside the input (the output size says so)
+                ih = ih0[:, None] + dh[None, :]
+                a_ok = a_ok & (ih >= 0) & (ih < H)
+            if PAD_W > 0:
+                iw = iw0[:, None] + dw[None, :]
+                a_ok = a_ok & (iw >= 0) & (iw < W)
+            a = tl.load(x_rows[:, None] + (c * sxc + dh * sxh + dw * sxw)[None, :], mask=a_ok, other=0.0)
+            b = tl.load(w_cols[None, :] + (c * swc + kh * swh + kw * sww)[:, None],
+                        mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -139,6 +186,12 @@ def fg_conv2d_implicit_gemm(
 '''
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), best guess first; clamped to the problem.
+# The padded variant gets fewer (each candidate is a compile at build time): the direct variant's
+# H200 winners (256x64x64 w8 s3, 128x32x32 w4 s4, 128x64x16 w4 s4, 128x64x64 w4 s3) and neighbours.
+_PADDED_TILES = (
+    (128, 64, 32, 4, 3), (256, 64, 64, 8, 3), (256, 64, 32, 8, 3), (128, 64, 64, 4, 3), (128, 128, 32, 8, 3),
+    (128, 32, 32, 4, 4), (128, 64, 16, 4, 4), (64, 64, 32, 4, 4), (64, 32, 16, 2, 4),
+)
 _TILES = (
     (128, 64, 32, 4, 3), (128, 64, 16, 4, 4), (256, 64, 32, 8, 3), (128, 128, 32, 8, 3),
     (64, 64, 32, 4, 4), (128, 32, 32, 4, 4), (256, 128, 32, 8, 3), (64, 128, 32, 4, 4),
@@ -153,7 +206,7 @@ def debug(name: str, why: str) -> None:
 
 
 def source_digest() -> str:
-    return hashlib.sha256(TRITON_CONV_SOURCE.encode()).hexdigest()[:16]
+    return hashlib.sha256((TRITON_CONV_SOURCE + pad.PAD_SOURCE).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -187,7 +240,8 @@ class ConvProblem:
     def key(self, device: str) -> dict[str, Any]:
         """The tuning key: the kernel source, shapes, strides, dtype, conv attributes, device, versions."""
         import triton
-        return {"source": source_digest(), "x": [self.x_shape, self.x_strides], "w": [self.w_shape, self.w_strides],
+        return {"version": TUNING_VERSION, "source": source_digest(), "x": [self.x_shape, self.x_strides],
+                "w": [self.w_shape, self.w_strides],
                 "out": [self.out_shape, self.out_strides], "dtype": self.dtype,
                 "conv": [self.stride, self.padding, self.dilation], "bias": self.has_bias, "tf32": self.tf32,
                 "device": device, "torch": torch.__version__, "triton": triton.__version__}
@@ -240,20 +294,44 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def configs(problem: ConvProblem) -> list[dict[str, int]]:
-    """Candidate tile configs, best guess first, clamped to the problem (tl.dot needs tiles of >= 16)
-    and deduplicated."""
+ConvConfig = dict[str, Any]   # tile sizes, GROUP_M, num_warps, num_stages (int) and VARIANT (str)
+
+
+def padded_geometry(problem: ConvProblem) -> pad.PaddedGeometry:
+    """x_pad's layout and the K rows of the padded variant for this problem (triton_conv_pad.py)."""
+    return pad.geometry(problem.x_shape, problem.w_shape[3], problem.padding, dtypes.itemsize(problem.dtype))
+
+
+def padded_k(problem: ConvProblem) -> int:
+    """The padded variant's reduction length: KH rows of K_ROW elements (>= KW*C_PAD)."""
+    return problem.w_shape[2] * padded_geometry(problem).k_row
+
+
+def configs(problem: ConvProblem) -> list[ConvConfig]:
+    """Candidate configs, best guess first: the direct variant's tiles (the untimed default is the
+    first), then the padded variant's; clamped to the problem (tl.dot needs tiles of >= 16) and
+    deduplicated."""
     cap_m, cap_n = max(16, _pow2_at_least(problem.m)), max(16, _pow2_at_least(problem.out_shape[1]))
-    cap_k = max(16, _pow2_at_least(problem.k))
-    out: list[dict[str, int]] = []
-    for bm, bn, bk, warps, stages in _TILES:
-        if problem.dtype == "float32" and bk > 32:   # 4-byte tiles: keep shared memory in bounds
-            continue
-        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k),
-               "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
-        if cfg not in out:
-            out.append(cfg)
+    out: list[ConvConfig] = []
+    for variant, tiles, k in (("direct", _TILES, problem.k), ("padded", _PADDED_TILES, padded_k(problem))):
+        cap_k = max(16, _pow2_at_least(k))
+        for bm, bn, bk, warps, stages in tiles:
+            if problem.dtype == "float32" and bk > 32:   # 4-byte tiles: keep shared memory in bounds
+                continue
+            cfg: ConvConfig = {"VARIANT": variant, "BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n),
+                               "BLOCK_K": min(bk, cap_k), "GROUP_M": GROUP_M, "num_warps": warps,
+                               "num_stages": stages}
+            if cfg not in out:
+                out.append(cfg)
     return out
+
+
+def variant_of(config: ConvConfig) -> str:
+    """A config's variant ("direct" when it names none: configs from before the padded variant)."""
+    variant = str(config.get("VARIANT", "direct"))
+    if variant not in VARIANTS:
+        raise InvalidValueError(f"{KERNEL_NAME}: config VARIANT={variant!r}, not one of {', '.join(VARIANTS)}")
+    return variant
 
 
 def load_kernel() -> Any:
@@ -275,18 +353,30 @@ class EpilogueForm:
 
 class TritonConv:
     """Our Triton conv for one ConvProblem, one config and optionally a fused epilogue:
-    __call__(x, w, bias, vectors, residual) -> the output in the problem's output strides."""
+    __call__(x, w, bias, vectors, residual) -> the output in the problem's output strides. The
+    padded variant (config VARIANT "padded") first writes x into a zero-padded scratch buffer
+    (triton_conv_pad.InputPadder, a second launch) and runs the conv on it."""
 
-    def __init__(self, problem: ConvProblem, config: dict[str, int], epilogue: EpilogueForm | None = None) -> None:
+    def __init__(self, problem: ConvProblem, config: ConvConfig, epilogue: EpilogueForm | None = None) -> None:
         self.problem, self.config, self.epilogue = problem, dict(config), epilogue or EpilogueForm()
+        self.variant = variant_of(config)
         self.fn = load_kernel()
         p, e = problem, self.epilogue
         self.out_dtype = dtypes.to_torch(e.out_dtype or p.dtype)
+        self.padder: pad.OperandPadder | None = None
+        variant_constexprs = {"PADDED": False, "C_PAD": 1, "K_ROW": 1, "ROW_ALIGN": 1, "A_CONTIG": 1}
+        if self.variant == "padded":
+            geom = padded_geometry(p)
+            self.padder = pad.OperandPadder(geom, p.w_shape, p.padding, config["BLOCK_K"])
+            contiguous = min(config["BLOCK_K"], geom.k_row) if p.dilation[1] == 1 else geom.c_pad
+            variant_constexprs = {"PADDED": True, "C_PAD": geom.c_pad, "K_ROW": geom.k_row,
+                                  "ROW_ALIGN": geom.row_align(p.stride, p.dilation, config["BLOCK_K"]),
+                                  "A_CONTIG": contiguous}
         self.constexprs = {
             "C_IN": p.x_shape[1], "C_OUT": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3],
             "STRIDE_H": p.stride[0], "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1],
             "DIL_H": p.dilation[0], "DIL_W": p.dilation[1], "HAS_BIAS": p.has_bias,
-            "INPUT_PRECISION": "ieee" if p.dtype == "float32" and not p.tf32 else "tf32",
+            "INPUT_PRECISION": "ieee" if p.dtype == "float32" and not p.tf32 else "tf32", **variant_constexprs,
             "HAS_SCALE": e.scale, "HAS_SHIFT": e.shift, "HAS_RESIDUAL": e.residual_strides is not None,
             "HAS_RSCALE": e.rscale, "ACTIVATION": e.activation,
             "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
@@ -298,12 +388,23 @@ class TritonConv:
 
     def _args(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
               vectors: dict[str, torch.Tensor] | None = None, residual: torch.Tensor | None = None) -> list[Any]:
+        """The conv launch's arguments; `x` is x_pad for the padded variant."""
         p, v = self.problem, vectors or {}
         res_strides = self.epilogue.residual_strides or (0, 0, 0, 0)
+        x_strides = p.x_strides if self.padder is None else self.padder.geom.strides
         return [x, w, bias if bias is not None else w, out, v.get("scale", w), v.get("shift", w),
                 residual if residual is not None else w, v.get("rscale", w),
-                p.x_shape[0], p.x_shape[2], p.x_shape[3], p.out_shape[2], p.out_shape[3],
-                *p.x_strides, *p.w_strides, *p.out_strides, *res_strides]
+                p.x_shape[0], x.shape[2], x.shape[3], p.out_shape[2], p.out_shape[3],
+                *x_strides, *p.w_strides, *p.out_strides, *res_strides]
+
+    def sources(self) -> str:
+        """The kernels this config launches, in order (the padded variant: its input pass first)."""
+        if self.padder is None:
+            return TRITON_CONV_SOURCE
+        g = self.padder.geom
+        return (f"# ---- padded variant: operand pass ({pad.PAD_KERNEL_NAME}) into x_pad{list(g.shape)} "
+                f"strides {list(g.strides)} ({g.nbytes} bytes of scratch) and w_pad{list(self.padder.w_shape)} "
+                f"----\n{pad.PAD_SOURCE}# ---- then the conv on x_pad, w_pad ----\n{TRITON_CONV_SOURCE}")
 
     def empty_output(self, like: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(self.problem.out_shape, self.problem.out_strides, dtype=self.out_dtype,
@@ -313,7 +414,10 @@ class TritonConv:
                  vectors: dict[str, torch.Tensor] | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
         """`vectors`: the fused epilogue's fp32 [CO] scale/shift/rscale (those its form has)."""
         p = self.problem   # operands in other strides than planned: copied into the planned ones
-        x, w = in_strides(x, p.x_strides), in_strides(w, p.w_strides)
+        if self.padder is None:
+            x, w = in_strides(x, p.x_strides), in_strides(w, p.w_strides)
+        else:   # its pass reads x and w in any strides
+            x, w = self.padder(x, w)
         if residual is not None and self.epilogue.residual_strides is not None:
             residual = in_strides(residual, self.epilogue.residual_strides)
         out = self.empty_output(x)
@@ -321,12 +425,17 @@ class TritonConv:
         return out
 
     def warmup_job(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        """A call that makes Triton compile this config without launching it (tune/precompile.py;
-        plain convolutions: the fused form reuses the plain form's tuned config)."""
+        """A call that makes Triton compile this config (and the padded variant's pass) without
+        launching it (tune/precompile.py; plain convolutions: the fused form reuses the plain form's
+        tuned config)."""
         out = self.empty_output(x)
+        padder = self.padder
+        xp, wp = (x, w) if padder is None else padder.empty(x, w)
 
         def job() -> Any:
-            return self.fn.warmup(*self._args(x, w, bias, out), grid=self.grid, **self.constexprs,
+            if padder is not None:
+                padder.warmup(x, w)
+            return self.fn.warmup(*self._args(xp, wp, bias, out), grid=self.grid, **self.constexprs,
                                   **self.launch_options)
 
         return job
@@ -368,20 +477,25 @@ def autotuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, 
     expected: list[torch.Tensor] = []
 
     def bench(config: Config) -> float:
-        conv = TritonConv(problem, {k: int(v) for k, v in config.items()})
+        conv = TritonConv(problem, _plain(config))
         if not expected:
             expected.append(reference_conv(problem, x, w, bias))
         check_same([conv(x, w, bias)], expected, f"{KERNEL_NAME} {config}")
         return bench_ms(lambda: conv(x, w, bias))
 
     def precompile(kept: Sequence[Config]) -> None:
-        compile_in_parallel([TritonConv(problem, {k: int(v) for k, v in c.items()}).warmup_job(x, w, bias)
+        compile_in_parallel([TritonConv(problem, _plain(c)).warmup_job(x, w, bias)
                              for c in kept])
 
     result = tune(KERNEL_NAME, problem.key(device), [Config(c) for c in candidates], bench,
                   floor_ms=floor_ms(problem), precompile=precompile)
-    chosen = {k: int(v) for k, v in result.config.items()}
+    chosen = _plain(result.config)
     return TritonConv(problem, chosen), summary(result, len(candidates))
+
+
+def _plain(config: Any) -> ConvConfig:
+    """A tune.Config (or mapping) as a TritonConv config: VARIANT a str, every other knob an int."""
+    return {k: str(v) if k == "VARIANT" else int(v) for k, v in config.items()}
 
 
 def reference_conv(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -396,23 +510,32 @@ def reference_conv(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias:
     return out.to(x.dtype)
 
 
-def floor_ms(problem: ConvProblem) -> float | None:
+def floor_bytes(problem: ConvProblem, variant: str = "direct") -> int:
+    """Bytes a variant must move at least: x, w, out (and bias) once; the padded variant also writes
+    x_pad once and reads it once (its input pass, counted honestly)."""
+    itemsize = dtypes.itemsize(problem.dtype)
+    numel = sum(a * b * c * d for a, b, c, d in (problem.x_shape, problem.w_shape, problem.out_shape))
+    nbytes = itemsize * (numel + (problem.out_shape[1] if problem.has_bias else 0))
+    return nbytes + (2 * padded_geometry(problem).nbytes if variant == "padded" else 0)
+
+
+def floor_ms(problem: ConvProblem, variant: str = "direct") -> float | None:
     """The cost-model floor of this convolution on the datasheet spec (the autotuner skips timing
-    under settings.tune_min_floor_us)."""
+    under settings.tune_min_floor_us; it gets the direct variant's floor, the lower one). The padded
+    variant's floor counts its scratch traffic and its padded K (KH * K_ROW): the tensor-core work it
+    issues."""
     try:
         from ..perf.roofline import floor_of, rate_key_of
         from ..tune.autotuner import _datasheet_spec
-        itemsize = dtypes.itemsize(problem.dtype)
-        numel = sum(a * b * c * d for a, b, c, d in (problem.x_shape, problem.w_shape, problem.out_shape))
-        nbytes = itemsize * (numel + (problem.out_shape[1] if problem.has_bias else 0))
-        floor = floor_of(nbytes, problem.flops, problem.flops, rate_key_of(problem.dtype), _datasheet_spec())
+        flops = problem.flops if variant == "direct" else 2 * problem.m * problem.out_shape[1] * padded_k(problem)
+        floor = floor_of(floor_bytes(problem, variant), flops, flops, rate_key_of(problem.dtype), _datasheet_spec())
         return floor.seconds * 1e3
     except Exception:  # a problem the cost model cannot price is simply tuned
         return None
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Sequence[int] = (1, 1),
-           padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), *, config: dict[str, int] | None = None,
+           padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), *, config: ConvConfig | None = None,
            out_strides: Sequence[int] | None = None, allow_tf32: bool = False) -> torch.Tensor:
     """F.conv2d(x, w, bias, stride, padding, dilation) (groups 1) through our Triton kernel, the output
     NHWC-dense unless `out_strides` is given; `config` (a dict of configs()) or the autotuned one."""
@@ -443,7 +566,7 @@ class ConvGroupLaunch:
         lines = [f"# Triton implicit-GEMM conv2d ({KERNEL_NAME}): x{list(p.x_shape)} w{list(p.w_shape)} "
                  f"stride {p.stride} padding {p.padding} dilation {p.dilation} {p.dtype}"
                  f"{' +bias' if p.has_bias else ''}; config {conv.config}",
-                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}; constexprs {conv.constexprs}", TRITON_CONV_SOURCE]
+                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}; constexprs {conv.constexprs}", conv.sources()]
         if self.epilogue is not None:
             lines.append(f"# ---- epilogue kernel ({self.epilogue.backend}) ----\n{self.epilogue.source}")
         return "\n".join(lines)
@@ -590,7 +713,7 @@ class FusedGroupLaunch:
     def describe(self) -> str:
         conv = self.prepare()
         return "\n".join([f"# Triton implicit-GEMM conv2d with its epilogue in the store: {self.epi.describe()}; "
-                          f"epilogue {self.form}; config {conv.config}", TRITON_CONV_SOURCE])
+                          f"epilogue {self.form}; config {conv.config}", conv.sources()])
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         conv = self.prepare()
