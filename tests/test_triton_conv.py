@@ -162,20 +162,62 @@ def test_padded_variant_alignment_and_contiguity_hints_hold(case: tuple[Any, ...
 @on_the_interpreter
 def test_autotuning_checks_and_times_every_config_and_caches_the_choice(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Any) -> None:
+    import fusegraph.tune
     from fusegraph.tune import clear_memo, keys
 
     monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "test GPU", "capability": "9.0"})
+    timed: list[dict[str, Any]] = []
+    real_tune = fusegraph.tune.tune
+
+    def spy(name: str, key: Any, candidates: Any, bench: Any, **kw: Any) -> Any:
+        def recorded(config: Any) -> float:
+            timed.append(dict(config.items()))
+            return float(bench(config))
+        return real_tune(name, key, candidates, recorded, **kw)
+
+    monkeypatch.setattr(fusegraph.tune, "tune", spy)
     x, wt, b = _operands(1, 3, 6, 6, 16, 3, 3, True, torch.float32, seed=5)
     problem = triton_conv.problem_of_tensors(x, wt, b, (1, 1), (1, 1), (1, 1))
     clear_memo()
     with override(cache_dir=str(tmp_path), autotune=True, tune_min_floor_us=0):
         conv, tuning = triton_conv.autotuned(problem, "cpu")      # the GPU path, timed on the host clock
         assert tuning["source"] == "tuned" and tuning["candidates"] == len(triton_conv.configs(problem)) > 1
+        assert sorted(map(str, timed), key=str) == sorted(map(str, triton_conv.configs(problem)), key=str)
+        assert {c["VARIANT"] for c in timed} == {"direct", "padded"}     # each checked, then timed
         assert conv.config in triton_conv.configs(problem)
         assert_close(conv(x, wt, b), _reference(x, wt, b, 1, 1, 1), tol=1e-5)
         clear_memo()
         again, cached = triton_conv.autotuned(problem, "cpu")
     assert cached["source"] == "cache" and again.config == conv.config
+
+
+def test_the_tuner_is_offered_both_variants_for_the_resnet_stem(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fusegraph.tune
+    from fusegraph.tune import Config, TuneResult
+
+    offered: dict[str, Any] = {}
+
+    def fake_tune(name: str, key: Any, candidates: Any, bench: Any, **kw: Any) -> Any:
+        offered.update(name=name, key=key, candidates=[dict(c.items()) for c in candidates], floor=kw["floor_ms"])
+        return TuneResult(Config(next(c for c in candidates if c["VARIANT"] == "padded")), "tuned")
+
+    monkeypatch.setattr(fusegraph.tune, "tune", fake_tune)
+    x = torch.empty(128, 3, 224, 224, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.empty(64, 3, 7, 7, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    stem = triton_conv.problem_of_tensors(x, w, None, (2, 2), (3, 3), (1, 1))
+    conv, _ = triton_conv.autotuned(stem, "cpu")
+    variants = [c["VARIANT"] for c in offered["candidates"]]
+    assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 2
+    assert variants.count("direct") >= 8 and variants.count("padded") >= 8 and variants[0] == "direct"
+    assert conv.variant == "padded" and conv.padder is not None            # the tuner's pick is what runs
+    geom = conv.padder.geom
+    assert (geom.c_pad, geom.k_row, geom.shape, conv.constexprs["ROW_ALIGN"]) == (4, 32, (128, 4, 230, 230), 8)
+    assert triton_conv.padded_k(stem) == 7 * 32
+    # its floor counts the scratch: x_pad (54 MB) written and read again, on top of x, w and out
+    assert triton_conv.floor_bytes(stem, "padded") - triton_conv.floor_bytes(stem) == 2 * 128 * 230 * 230 * 4 * 2
+    direct_floor, padded_floor = triton_conv.floor_ms(stem), triton_conv.floor_ms(stem, "padded")
+    assert offered["floor"] == direct_floor and direct_floor is not None and padded_floor is not None
+    assert padded_floor > direct_floor
 
 @on_the_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -252,14 +294,22 @@ def test_candidate_offered_for_narrow_channels_on_a_gpu_only(capsys: pytest.Capt
     assert triton_conv.unsupported(node) == "dtype float64 (fp16, bf16 and fp32 only)"
 
 
+def _use_variant(launch: triton_conv.ConvGroupLaunch, variant: str) -> None:
+    """Run the launch here, under the interpreter, with the variant's first config (as if tuned so)."""
+    launch.device = "cpu"
+    if variant != "direct":
+        launch.conv = triton_conv.TritonConv(launch.problem, _config(launch.problem, variant))
+
+
 @on_the_interpreter
-def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path(variant: str) -> None:
     from fusegraph.lower import _example_inputs
 
     group = _conv_group(activation="silu", dtype="float32")
     epilogue = _epilogue_kernel(group)
     launch = library_candidates(group, "cuda", "k", "float32", epilogue)["triton_conv"]
-    launch.device = "cpu"                                # run it here, under the interpreter
+    _use_variant(launch, variant)
     args = _example_inputs(group.inputs, "cpu")
     plain = conv_group_kernel(group, "k", "float32", "cpu", {})   # reference conv + our epilogue kernel
     (got,), (want,) = launch(args), plain.launch(args)
@@ -268,6 +318,7 @@ def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path() -> None
     source = library_source("triton_conv", launch, "conv2d", "NHWC (channels-last)", group)
     assert source.startswith(LIBRARY_SOURCES["triton_conv"].split("{")[0])
     assert "def fg_conv2d_implicit_gemm" in source and "tl.dot" in source and "epilogue kernel" in source
+    assert ("def fg_conv_pad_operands" in source) == (variant == "padded")
 
 
 def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
@@ -294,9 +345,11 @@ def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
 
 
 @on_the_interpreter
-@pytest.mark.parametrize("kind,layout", [("bias_relu", "NHWC"), ("bias_relu", None), ("bias_silu", "NHWC"),
-                                         ("bias_gelu", "NHWC"), ("bn_relu", "NHWC"), ("bn_residual_relu", "NHWC")])
-def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None) -> None:
+@pytest.mark.parametrize("kind,layout,variant", [
+    ("bias_relu", "NHWC", "direct"), ("bias_relu", None, "direct"), ("bias_silu", "NHWC", "direct"),
+    ("bias_gelu", "NHWC", "direct"), ("bn_relu", "NHWC", "direct"), ("bn_residual_relu", "NHWC", "direct"),
+    ("bias_relu", "NHWC", "padded"), ("bias_relu", None, "padded"), ("bn_residual_relu", "NHWC", "padded")])
+def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None, variant: str) -> None:
     from fusegraph.lower import _example_inputs
 
     group = _fused_graph(kind, layout)
@@ -305,7 +358,7 @@ def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layou
     assert isinstance(fused, triton_conv.FusedGroupLaunch)
     assert fused.direct_bias == kind.startswith("bias_")          # conv bias read directly, no per-call fold
     assert fused.form.residual_strides is not None if "residual" in kind else fused.form.residual_strides is None
-    offered["triton_conv"].device = "cpu"                          # the tile config comes from the plain candidate
+    _use_variant(offered["triton_conv"], variant)                  # the config comes from the plain candidate
     args = _example_inputs(group.inputs, "cpu")
     for k in fused.leaf_at:                                        # BN variances positive (as _choose makes them)
         args[k] = args[k].abs() + 0.5
@@ -319,6 +372,7 @@ def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layou
         assert cached is not None and fused.vectors(args) is cached[1]
         args[fused.leaf_at[-1]].mul_(1.5)
         assert_close(fused(args)[0], plain.launch(args)[0], tol=5e-3, what=f"{kind} after an in-place update")
+    assert fused.prepare().variant == variant
     source = library_source("triton_conv_fused", fused, "conv2d", "NHWC (channels-last)", group)
     assert "epilogue fused into its store" in source and "ACTIVATION" in source
 
@@ -338,6 +392,10 @@ def test_on_the_gpu_tuned_bf16_and_a_plan_that_offers_both_candidates() -> None:
     x, wt, b = x.cuda(), wt.cuda(), None if b is None else b.cuda()
     out = triton_conv.conv2d(x, wt, b, (2, 2), (3, 3), (1, 1))          # autotuned on this GPU
     assert_close(out.float(), _reference(x, wt, b, 2, 3, 1), tol=2e-2)
+    problem = triton_conv.problem_of_tensors(x, wt, b, (2, 2), (3, 3), (1, 1))
+    for config in triton_conv.configs(problem):     # every candidate compiled (hints trusted) and right in bf16
+        got = triton_conv.conv2d(x, wt, b, (2, 2), (3, 3), (1, 1), config=config)
+        assert_close(got.float(), _reference(x, wt, b, 2, 3, 1), tol=2e-2, what=str(config))
     g = fg.Graph(name="stem_gpu", compute_dtype="float32")
     xs = g.tensor(tuple(x.shape), dtype="bfloat16", name="x", layout="NHWC")
     ws, bs = g.tensor(tuple(wt.shape), dtype="bfloat16", name="w"), g.tensor((64,), dtype="bfloat16", name="b")
