@@ -8,12 +8,16 @@ Cases (bf16, channels-last operands and result):
     swin_patch         b64  3->128 4x4 stride 4,       224x224   (Swin patch embedding)
 Per case: device time (fusegraph.perf.timing.device_time: steady state, CUDA-graph replay) and the
 autotuner's protocol (tune.bench_ms: L2 flushed before each call) of F.conv2d (cuDNN) and of our
-kernel with its tuned config; the relative norm error of ours against F.conv2d (limit 2e-2 for
-bf16), the cost-model floor, and the speedup. Then the ResNet stem with bias + relu built as a
-fusegraph plan (NHWC input): which candidate the ConvGroup's autotuner chose (triton_conv vs cuDNN
-and the cuDNN fused candidates), the plan's time next to torch's conv + bias + relu.
+kernel in each variant with its best config (each variant tuned on its own configs): "direct"
+(gathers from x) and "padded" (triton_conv_pad.py: one pass writes a zero-padded x_pad/w_pad, then
+the conv; its time includes the pass, and the pass alone is shown); which variant the full tuning
+picks (what a plan runs); each variant's relative norm error against F.conv2d (limit 2e-2 for bf16)
+and cost-model floor (the padded floor counts x_pad written and read, and its padded K). Then the
+loads each variant's compiled conv issues (PTX: ld.global widths, cp.async sizes), the stem + bias
++ relu with the epilogue in our store (both variants), and the stem built as a fusegraph plan (NHWC
+input): which candidate the ConvGroup's autotuner chose, the plan's time next to torch's.
 
-    PYTHONPATH=src python bench/stem_conv_gpu.py               # H200: tunes ~12 configs per case, ~1-2 min
+    PYTHONPATH=src python bench/stem_conv_gpu.py               # H200: tunes ~21 configs per case, ~2-3 min
     PYTHONPATH=src FUSEGRAPH_DEBUG=2 python bench/stem_conv_gpu.py     # also every config's timing
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/stem_conv_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
 The table goes to stdout and is appended to $OUT/stem_conv.txt when OUT is set.
@@ -89,55 +93,116 @@ def timer(device: str) -> Callable[[Callable[[], Any]], tuple[float, float]]:
     return measure
 
 
-def conv_row(case: Case, dtype: torch.dtype, device: str) -> tuple[str, bool]:
-    """One table line for `case`, and whether ours matched F.conv2d."""
+VARIANTS = ("direct", "padded")
+
+
+def tile(config: dict[str, Any]) -> str:
+    return (f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} w{config['num_warps']} "
+            f"s{config['num_stages']}")
+
+
+def conv_lines(case: Case, dtype: torch.dtype, device: str) -> tuple[list[str], bool]:
+    """The table lines for `case` (cuDNN, then each variant tuned on its own, then the full tuning's
+    pick), and whether every variant matched F.conv2d."""
     from fusegraph.backends import triton_conv
 
     x, w, _ = operands(case, dtype, device)
     stride, padding = (case.stride, case.stride), (case.padding, case.padding)
     problem = triton_conv.problem_of_tensors(x, w, None, stride, padding, (1, 1))
-    t0 = time.perf_counter()
-    ours, tuning = triton_conv.tuned(problem, device)
-    tune_s = time.perf_counter() - t0
     want = F.conv2d(x, w, stride=case.stride, padding=case.padding)
-    got = ours(x, w)
-    assert got.stride() == want.stride() or not device.startswith("cuda"), (got.stride(), want.stride())
-    err = rel_err(got, want)
     limit = BF16_LIMIT if dtype == torch.bfloat16 else 5e-3
     measure = timer(device)
-    torch_dev, torch_flushed = measure(lambda: F.conv2d(x, w, stride=case.stride, padding=case.padding))
-    ours_dev, ours_flushed = measure(lambda: ours(x, w))
-    floor = triton_conv.floor_ms(problem)
-    cfg = ours.config
-    tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    cudnn_dev, cudnn_flushed = measure(lambda: F.conv2d(x, w, stride=case.stride, padding=case.padding))
     shape = f"b{case.batch} {case.c_in}->{case.c_out} {case.kernel}x{case.kernel}/{case.stride} p{case.padding}"
-    line = (f"{case.name:15s} {shape:24s} {torch_dev:8.4f} {torch_flushed:8.4f} {ours_dev:8.4f} {ours_flushed:8.4f} "
-            f"{torch_dev / ours_dev:6.2f}x {'-' if floor is None else f'{floor:.4f}':>7s} {err:8.1e}"
-            f"{'' if err <= limit else ' FAIL'}  {tile} ({tuning['source']}, {tune_s:.1f} s)")
-    return line, err <= limit
+    lines = [f"{case.name:15s} {shape:24s} {'cudnn':8s} {cudnn_dev:8.4f} {cudnn_flushed:8.4f}"]
+    ok = True
+    best: dict[str, float] = {}
+    for variant in VARIANTS:
+        t0 = time.perf_counter()
+        ours, tuning = triton_conv.autotuned(problem, device, variant)
+        tune_s = time.perf_counter() - t0
+        got = ours(x, w)
+        assert got.stride() == want.stride() or not device.startswith("cuda"), (got.stride(), want.stride())
+        err = rel_err(got, want)
+        ok &= err <= limit
+        dev, flushed = measure(lambda: ours(x, w))
+        best[variant] = dev
+        floor = triton_conv.floor_ms(problem, variant)
+        extra = ""
+        if ours.padder is not None:
+            padder = ours.padder
+            pass_dev, _ = measure(lambda: padder(x, w))
+            extra = f" (its operand pass {pass_dev:.4f} ms, x_pad {padder.geom.nbytes / 1e6:.1f} MB)"
+        lines.append(f"{'':15s} {'':24s} {variant:8s} {dev:8.4f} {flushed:8.4f} {cudnn_dev / dev:7.2f}x "
+                     f"{'-' if floor is None else f'{floor:.4f}':>7s} {err:8.1e}{'' if err <= limit else ' FAIL'}  "
+                     f"{tile(ours.config)} ({tuning['source']}, {tune_s:.1f} s){extra}")
+    picked, tuning = triton_conv.tuned(problem, device)
+    lines.append(f"{'':15s} {'':24s} tuned pick: {picked.variant} {tile(picked.config)} ({tuning['source']}); "
+                 f"padded/direct {best['padded'] / best['direct']:.2f}")
+    return lines, ok
+
+
+def ptx_loads(ptx: str) -> dict[str, int]:
+    """Global loads in PTX text by kind: "ld.global.b16", "cp.async 8 B", ..."""
+    import re
+    from collections import Counter
+
+    counts: Counter[str] = Counter(re.findall(r"\bld\.global[.\w]*", ptx))
+    for size in re.findall(r"\bcp\.async\.c[ag]\.shared\.global[^;]*?\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)", ptx):
+        counts[f"cp.async {int(size, 0)} B"] += 1
+    return dict(counts)
+
+
+def load_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
+    """What each variant's tuned conv loads per thread, from its compiled PTX (GPU only): the
+    padded variant should show cp.async of 8 (A, C_PAD = 4 bf16) and 16 bytes (w_pad) where the
+    direct one has ld.global.b16."""
+    from fusegraph.backends import triton_conv
+
+    if not device.startswith("cuda"):
+        return []
+    x, w, _ = operands(case, dtype, device)
+    problem = triton_conv.problem_of_tensors(x, w, None, (case.stride, case.stride), (case.padding, case.padding),
+                                             (1, 1))
+    lines = []
+    for variant in VARIANTS:
+        ours, _ = triton_conv.autotuned(problem, device, variant)
+        compiled = ours.warmup_job(x, w, None)()
+        counts = ptx_loads(getattr(compiled, "asm", {}).get("ptx", ""))
+        lines.append(f"{case.name} {variant} {tile(ours.config)} loads in the conv's PTX: "
+                     + (", ".join(f"{n} x {k}" for k, n in sorted(counts.items())) or "(no PTX)"))
+    return lines
+
+
+def bound_call(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    return lambda: fn(*args)
 
 
 def fused_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
-    """conv + bias + relu: torch's two calls, cuDNN's fused call, and our kernel with bias and relu in
-    its store (the tile config tuned for the plain conv)."""
+    """conv + bias + relu: torch's two calls, cuDNN's fused call, and our kernel in each variant
+    with bias and relu in its store (the variant's tile config tuned for the plain conv)."""
     from fusegraph.backends import triton_conv
 
     x, w, b = operands(case, dtype, device)
     stride, padding = (case.stride, case.stride), (case.padding, case.padding)
-    plain, _ = triton_conv.tuned(triton_conv.problem_of_tensors(x, w, None, stride, padding, (1, 1)), device)
     problem = triton_conv.problem_of_tensors(x, w, b, stride, padding, (1, 1))
-    ours = triton_conv.TritonConv(problem, plain.config, triton_conv.EpilogueForm(activation="relu"))
     want = torch.relu(F.conv2d(x, w, b, stride=case.stride, padding=case.padding))
-    err = rel_err(ours(x, w, b), want)
-    measure = timer(device)
     calls: dict[str, Callable[[], Any]] = {
-        "torch conv+relu": lambda: torch.relu(F.conv2d(x, w, b, stride=case.stride, padding=case.padding)),
-        "ours fused": lambda: ours(x, w, b)}
+        "torch conv+relu": lambda: torch.relu(F.conv2d(x, w, b, stride=case.stride, padding=case.padding))}
     if device.startswith("cuda") and hasattr(torch, "cudnn_convolution_relu"):
         calls["cudnn_convolution_relu"] = lambda: torch.cudnn_convolution_relu(x, w, b, stride, padding, (1, 1), 1)
+    errs = []
+    for variant in VARIANTS:
+        plain, _ = triton_conv.autotuned(triton_conv.problem_of_tensors(x, w, None, stride, padding, (1, 1)),
+                                         device, variant)
+        ours = triton_conv.TritonConv(problem, plain.config, triton_conv.EpilogueForm(activation="relu"))
+        err = rel_err(ours(x, w, b), want)
+        errs.append(f"{variant} {err:.1e}{'' if err <= BF16_LIMIT else ' FAIL'}")
+        calls[f"ours fused ({variant})"] = bound_call(ours, x, w, b)
+    measure = timer(device)
     times = {k: measure(fn)[0] for k, fn in calls.items()}
     return [f"{case.name} + bias + relu: " + ", ".join(f"{k} {ms:.4f} ms" for k, ms in times.items())
-            + f"; ours rel err {err:.1e}" + ("" if err <= BF16_LIMIT else " FAIL")]
+            + f"; ours rel err {', '.join(errs)}"]
 
 
 def plan_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
@@ -185,15 +250,17 @@ def main() -> None:
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device, dtype = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
     cases = SMOKE_CASES if smoke else CASES
-    header = (f"{'case':15s} {'shape':24s} {'cudnn':>8s} {'flushed':>8s} {'triton':>8s} {'flushed':>8s} "
-              f"{'speedup':>7s} {'floor':>7s} {'rel err':>8s}  config")
+    header = (f"{'case':15s} {'shape':24s} {'kernel':8s} {'ms':>8s} {'flushed':>8s} {'vs cudnn':>8s} "
+              f"{'floor':>7s} {'rel err':>8s}  config")
     gpu = torch.cuda.get_device_name() if not smoke else "CPU (interpreter smoke run)"
     emit(f"== stem convolutions, {gpu}, {str(dtype).replace('torch.', '')}, channels-last; ms per call ==")
     emit(header)
     ok = True
     for case in cases:
-        line, matched = conv_row(case, dtype, device)
+        lines, matched = conv_lines(case, dtype, device)
         ok &= matched
+        emit("\n".join(lines))
+    for line in load_lines(cases[0], dtype, device):
         emit(line)
     emit("\n".join(fused_lines(cases[0], dtype, device)))
     if not args.no_plan:

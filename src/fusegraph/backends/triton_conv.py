@@ -464,15 +464,16 @@ def tuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]
     return autotuned(problem, device)
 
 
-def autotuned(problem: ConvProblem, device: str) -> tuple[TritonConv, dict[str, Any]]:
+def autotuned(problem: ConvProblem, device: str, variant: str | None = None) -> tuple[TritonConv, dict[str, Any]]:
     """tuned() on `device`: each config is compiled (in parallel first), checked against F.conv2d
-    in fp32 (a config that computes something else is not a candidate) and timed."""
+    in fp32 (a config that computes something else, or fails, is not a candidate) and timed.
+    `variant`: only that variant's configs (bench/stem_conv_gpu.py compares them)."""
     from ..tune import Config, bench_ms, tune
     from ..tune.autotuner import summary
     from ..tune.precompile import compile_in_parallel
     from .matmul_kernel import check_same
 
-    candidates = configs(problem)
+    candidates = [c for c in configs(problem) if variant is None or c["VARIANT"] == variant]
     x, w, bias = example_operands(problem, device)
     expected: list[torch.Tensor] = []
 
