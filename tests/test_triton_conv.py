@@ -368,7 +368,7 @@ def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layou
     assert got.stride() == want.stride() and got.dtype == want.dtype   # the group's output layout (NCHW: the exit copy)
     assert_close(got, want, tol=5e-3, what=kind)
     if fused.fold:   # the folded vectors are cached, and refolded when a BN input is written in place
-        cached = fused._cache
+        cached = fused.folded._cache
         assert cached is not None and fused.vectors(args) is cached[1]
         args[fused.leaf_at[-1]].mul_(1.5)
         assert_close(fused(args)[0], plain.launch(args)[0], tol=5e-3, what=f"{kind} after an in-place update")

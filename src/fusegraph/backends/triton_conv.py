@@ -640,6 +640,8 @@ class FusedGroupLaunch:
 
     def __init__(self, epi: Any, plain: ConvGroupLaunch, positions: dict[int, int], out_strides: tuple[int, ...],
                  compute_dtype: str, device: str) -> None:
+        from . import cudnn_conv_epilogue as cce
+
         conv = epi.conv
         self.epi, self.plain, self.compute_dtype, self.device = epi, plain, compute_dtype, device
         self.conv_at = [positions[i.id] for i in conv.inputs[:2]]
@@ -652,7 +654,7 @@ class FusedGroupLaunch:
         self.residual_at = positions[epi.residual.id] if epi.residual is not None else None
         self.cacheable = all(n.op in ("input", "constant") for n in epi.leaves)
         self.constants: dict[int, torch.Tensor] | None = None
-        self._cache: tuple[list[tuple[Any, int]], dict[str, torch.Tensor]] | None = None
+        self.folded = cce.FoldedVectors(self.cacheable, self._fold)
         residual = None if epi.residual is None else tuple(epi.residual.spec.memory_strides)
         self.form = EpilogueForm(scale=self.fold and epi.scale is not None, shift=self.fold and epi.shift is not None,
                                  residual_strides=residual, rscale=self.fold and epi.residual_scale is not None,
@@ -666,28 +668,12 @@ class FusedGroupLaunch:
         return self.conv
 
     def vectors(self, args: Sequence[torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        """The folded fp32 per-channel vectors (None: nothing to fold), by cudnn_conv_epilogue's rule:
-        cached while their inputs are the same memory, unchanged; inside fusegraph's own CUDA-graph
-        capture the cached vectors are baked in with a pre-replay hook that refolds them into the same
-        buffers when an input was written in place; inside another capture they are folded in the graph."""
-        from ..runtime.cuda_graph import refresh_before_replay
-        from . import cudnn_conv_epilogue as cce
-
+        """The folded fp32 per-channel vectors (None: nothing to fold), by cudnn_conv_epilogue's rule
+        (FoldedVectors: cached while their inputs are the same memory, unchanged; baked into
+        fusegraph's own CUDA-graph captures with a pre-replay refold hook)."""
         if not self.fold:
             return None
-        leaves = [args[k] for k in self.leaf_at]
-        device = args[self.conv_at[0]].device
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if self.cacheable and self._cache is not None:
-            held, cached = self._cache
-            unchanged = len(held) == len(leaves) and all(
-                cce._same_unchanged(t, h, v) for (h, v), t in zip(held, leaves, strict=True))
-            if unchanged and (not capturing or refresh_before_replay(self._baked(held, cached))):
-                return cached
-        got = self._fold(leaves, device)
-        if self.cacheable and not capturing:
-            self._cache = ([(t, t._version) for t in leaves], got)
-        return got
+        return self.folded.get([args[k] for k in self.leaf_at], args[self.conv_at[0]].device)
 
     def _fold(self, leaves: Sequence[torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
         from . import cudnn_conv_epilogue as cce
@@ -696,20 +682,6 @@ class FusedGroupLaunch:
             self.constants = cce.constant_values(self.epi, self.compute_dtype, device)
         return {k: v.float().contiguous() for k, v in
                 cce.fold(self.epi, leaves, self.compute_dtype, device, self.constants).items()}
-
-    def _baked(self, held: list[tuple[torch.Tensor, int]], cached: dict[str, torch.Tensor]) -> Any:
-        """The pre-replay hook of vectors baked into a captured graph (cudnn_conv_epilogue's rule)."""
-        versions = [v for _, v in held]
-        tensors = [t for t, _ in held]
-
-        def refresh() -> None:
-            if all(t._version == v for t, v in zip(tensors, versions, strict=True)):
-                return
-            for key, value in self._fold(tensors, tensors[0].device).items():
-                cached[key].copy_(value)
-            versions[:] = [t._version for t in tensors]
-
-        return refresh
 
     def describe(self) -> str:
         conv = self.prepare()
