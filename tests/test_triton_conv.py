@@ -159,6 +159,61 @@ def test_padded_variant_alignment_and_contiguity_hints_hold(case: tuple[Any, ...
             assert bool((mask.reshape(-1, const) == mask.reshape(-1, const)[:, :1]).all()), (config, kb)
 
 
+def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
+    """The conv's PTX compiled for an H100/H200 (sm_90) without a GPU: triton.compile of the kernel
+    specialized as a launch would be (16-byte-aligned pointers; ints divisible by 16 marked so, ints
+    equal to 1 constant)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+    from triton.runtime.jit import JITFunction
+
+    p = conv.problem
+    fn = conv.fn if isinstance(conv.fn, JITFunction) else JITFunction(conv.fn.fn)
+    x_strides = p.x_strides if conv.padder is None else conv.padder.geom.strides
+    hw = p.x_shape[2:] if conv.padder is None else (conv.padder.geom.hp, conv.padder.geom.wa)
+    ints = iter([p.x_shape[0], *hw, *p.out_shape[2:], *x_strides, *p.w_strides, *p.out_strides, 0, 0, 0, 0])
+    element = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p.dtype]
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in conv.constexprs:
+            signature[name], constants[name] = "constexpr", conv.constexprs[name]
+        elif name.endswith("_ptr"):
+            signature[name] = "*" + ("fp32" if name in ("scale_ptr", "shift_ptr", "rscale_ptr") else element)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            value = next(ints)
+            signature[name] = "constexpr" if value == 1 else "i32"
+            if value == 1:
+                constants[name] = 1
+            elif value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    options = {"num_warps": conv.launch_options["num_warps"], "num_stages": conv.launch_options["num_stages"]}
+    kernel = compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    return str(kernel.asm["ptx"])
+
+
+def test_compiled_for_sm90_the_padded_stem_loads_vectors_where_the_direct_one_loads_elements() -> None:
+    """Without a GPU: the ResNet stem (bf16) compiled for sm_90 in both variants. The direct kernel
+    gathers A and B one 2-byte element at a time; the padded one copies each tap's 4 channels of A as
+    one 8-byte cp.async and w_pad in 16-byte cp.async, and issues no scalar loads at all."""
+    import re
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    x = torch.empty(128, 3, 224, 224, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.empty(64, 3, 7, 7, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    stem = triton_conv.problem_of_tensors(x, w, None, (2, 2), (3, 3), (1, 1))
+    loads = {}
+    for variant in VARIANTS:
+        ptx = _sm90_ptx(triton_conv.TritonConv(stem, _config(stem, variant)))
+        loads[variant] = (set(re.findall(r"\bld\.global[.\w]*", ptx)),
+                          set(re.findall(r"\bcp\.async\.c[ag]\.shared\.global[^;]*?\],\s*\[[^\]]*\],\s*(\w+)", ptx)))
+        assert "wgmma.mma_async" in ptx, variant                          # tensor cores either way
+    assert loads["direct"] == ({"ld.global.b16"}, set())
+    assert loads["padded"] == (set(), {"0x8", "0x10"})
+
+
 @on_the_interpreter
 def test_autotuning_checks_and_times_every_config_and_caches_the_choice(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Any) -> None:
