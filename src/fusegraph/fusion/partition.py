@@ -16,7 +16,9 @@ dim of F it indexes (None where it is broadcast), so broadcasting is index arith
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -139,8 +141,20 @@ class TraceError(Exception):
     """A set of anchors cannot share one kernel (embedding conflict, wrong domain)."""
 
 
+# fusable() per node: nodes are immutable and a partition asks about each one thousands of times
+# (every trial trace of a merge); weak, so that a graph's nodes go with it
+_FUSABLE: weakref.WeakKeyDictionary[Node, bool] = weakref.WeakKeyDictionary()
+
+
 def fusable(node: Node) -> bool:
     """Has code generation: a pointwise op with a Triton expression, or a sum/max/min reduction."""
+    known = _FUSABLE.get(node)
+    if known is None:
+        known = _FUSABLE[node] = _fusable(node)
+    return known
+
+
+def _fusable(node: Node) -> bool:
     opdef = get_op(node.op)
     if node.multi_output or any(i.multi_output for i in node.inputs):
         return False
@@ -332,6 +346,7 @@ def _is_full(emb: Embedding, domain: Domain) -> bool:
     return any(d in domain.reduced and domain.shape[d] != 1 for d in map(domain_dim, emb) if d is not None)
 
 
+@functools.cache
 def _ident(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)[:24]
 
@@ -546,7 +561,12 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                        library: dict[int, Node] | None = None) -> None:
     """Second round: merge groups of one domain that depend on each other or read the same data
     (also through different views of one tensor: q, k and v sliced out of one qkv projection),
-    when no third kernel sits between them (greedy anchor order can leave such pairs apart)."""
+    when no third kernel sits between them (greedy anchor order can leave such pairs apart).
+
+    A pair that fails to merge is not tried again while both groups keep their anchors: its trace
+    depends only on the anchors and the (fixed) boundary, and merges elsewhere only coarsen the
+    kernel graph, which can add paths through other kernels (reads_through_kernels) but not remove
+    them. GPT-2's backward (hundreds of groups) spent most of its build here retrying such pairs."""
     from .recompute import reads_through_kernels
 
     roots = alias_root or {}
@@ -558,29 +578,43 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
         return {id(group_of[e.node.id]) for e in g.loads if e.node.id in group_of} - {id(g)}
 
     bits = _bits(ancestors)
+    failed: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     changed = True
     while changed:
         changed = False
+        position = {id(g): k for k, g in enumerate(groups)}   # relative order survives removals
+        alive = set(position)
+        reads = {id(g): read(g) for g in groups}
+        dep = {id(g): deps(g) for g in groups}
         for a in list(groups):
             for b in list(groups):
-                if a is b or a.domain != b.domain or a not in groups or b not in groups:
+                if a is b or a.domain != b.domain or id(a) not in alive or id(b) not in alive:
                     continue
-                related = id(a) in deps(b) or id(b) in deps(a) or read(a) & read(b)
-                if not related:
+                if not (id(a) in dep[id(b)] or id(b) in dep[id(a)] or reads[id(a)] & reads[id(b)]):
                     continue
-                first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)
+                first, second = (a, b) if position[id(a)] < position[id(b)] else (b, a)
+                key = (tuple(n.id for n in first.anchors), tuple(n.id for n in second.anchors))
+                if key in failed:
+                    continue
                 trial = KernelGroup(first.domain, first.anchors + second.anchors)
                 try:
                     trace_group(trial, boundary)
                 except TraceError:
+                    failed.add(key)
                     continue
                 if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}):
+                    failed.add(key)
                     continue
                 first.anchors, first.entries, first.loads, first.stores = \
                     trial.anchors, trial.entries, trial.loads, trial.stores
                 for n in second.anchors:
                     group_of[n.id] = first
                 groups.remove(second)
+                alive.discard(id(second))
+                reads[id(first)], dep[id(first)] = read(first), deps(first)
+                for g in groups:   # who read the second group now reads the first
+                    if g is not first and id(second) in dep[id(g)]:
+                        dep[id(g)] = (dep[id(g)] - {id(second)}) | {id(first)}
                 changed = True
 
 
