@@ -4,7 +4,8 @@ variants (direct, and padded: backends/triton_conv_pad.py): the ResNet stem scal
 5, 3x3, 1x1, dilation, non-square input and kernel, bias or none, C_out not a power of two, NCHW
 operands and output strides, tile configs with K tails and grouped tile order, Inf inputs; the
 padded variant's alignment/contiguity hints (which the interpreter ignores) checked against the
-addresses it computes; both variants among the tuner's candidates;
+addresses it computes; both variants among the tuner's candidates; the stem compiled for sm_90
+without a GPU (the padded variant's loads are vectors);
 and the ConvGroup candidate hook: offered for a narrow-channel group on a GPU, not for wide or
 grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the candidate (our conv + the group's
 epilogue kernel) computes what the plain conv + epilogue path computes."""

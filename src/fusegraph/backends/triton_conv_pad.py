@@ -8,9 +8,11 @@ then the conv gathers from them without border masks:
 
 - x_pad[N, HP, WA, C_PAD] (NHWC): the input (any strides) with its zero border written out, and
   C_PAD = the next power of two >= C_in (3 -> 4: 8-byte pixels for 2-byte types). 1 stays 1 and 2
-  stays 2: the vectors come from a kh row's KW*C_PAD contiguous elements and the row start's
-  alignment, not from a pixel's size, so rounding one channel up to two would double K and the
-  scratch bytes for an alignment that only strided windows could use.
+  stays 2. A vector is at most one tap (C_PAD elements) wherever the filter's KW*C_PAD falls short
+  of K_ROW, because the tap mask (kw < KW) changes there; so with C_in = 1 (and KW not a power of
+  two) the padded variant still loads A element by element (compiled for sm_90: ld.global.b16) and
+  only drops the border masks. C_PAD = 2 would allow 4-byte loads at twice the K (tensor-core work)
+  and twice the scratch bytes; not worth a third variant for grayscale inputs.
 - The reduction runs over kh rows of K_ROW = the next power of two >= KW*C_PAD elements
   (k -> (kh, j), j -> (kw, c) = (j // C_PAD, j % C_PAD)): with dilation 1 a window's kh row is
   KW*C_PAD contiguous elements of x_pad.
