@@ -567,7 +567,9 @@ class ConvGroupLaunch:
         lines = [f"# Triton implicit-GEMM conv2d ({KERNEL_NAME}): x{list(p.x_shape)} w{list(p.w_shape)} "
                  f"stride {p.stride} padding {p.padding} dilation {p.dilation} {p.dtype}"
                  f"{' +bias' if p.has_bias else ''}; config {conv.config}",
-                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}; constexprs {conv.constexprs}", conv.sources()]
+                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}"
+                 f"{f' (padded: {padded_k(p)})' if conv.padder is not None else ''}; constexprs {conv.constexprs}",
+                 conv.sources()]
         if self.epilogue is not None:
             lines.append(f"# ---- epilogue kernel ({self.epilogue.backend}) ----\n{self.epilogue.source}")
         return "\n".join(lines)
