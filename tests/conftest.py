@@ -1,8 +1,9 @@
-"""Shared test helpers: fresh random data, relative-norm comparison with tolerances by dtype."""
+"""Shared test helpers: fresh random data, relative-norm comparison with tolerances by dtype, small conv groups."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # generated Triton kernels run on CPU tensors
 
@@ -51,3 +52,26 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu", l
 @pytest.fixture
 def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def single_conv_group(x_shape: tuple[int, ...], w_shape: tuple[int, ...], *, activation: str = "relu",
+                      bias: bool = True, layout: str | None = "NHWC", dtype: str = "float16", stride: int = 1,
+                      padding: int = 1, groups: int = 1) -> Any:
+    """The one ConvGroup (conv + bias + activation, as the epilogue pass claims it) of a small graph
+    built on the CPU: what conv backend tests hand to their candidate builders."""
+    import fusegraph as fg
+    from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    g = fg.Graph(name=f"conv_{activation or 'none'}", compute_dtype="float32")
+    x = g.tensor(x_shape, dtype=dtype, name="x", **({"layout": layout} if layout else {}))
+    w = g.tensor(w_shape, dtype=dtype, name="w")
+    b = g.tensor((w_shape[0],), dtype=dtype, name="b") if bias else None
+    y = g.conv2d(x, w, b, stride=stride, padding=padding, groups=groups)
+    if activation:
+        y = getattr(g, activation)(y)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(item, ConvGroup)
+    return item

@@ -14,28 +14,17 @@ import torch
 import torch.nn.functional as F
 
 import fusegraph as fg
-from conftest import assert_close, rand
+from conftest import assert_close, rand, single_conv_group
 from fusegraph.backends import cudnn_frontend
 from fusegraph.backends.attention_kernel import attention_problem
 from fusegraph.backends.conv_kernel import library_candidates
-from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
-from fusegraph.fusion.partition import partition_graph
+from fusegraph.fusion.epilogue import ConvGroup
 from fusegraph.settings import override
 
 
 def _conv_group(activation: str, bias: bool = True, layout: str | None = "NHWC") -> ConvGroup:
-    g = fg.Graph(name=f"conv_{activation}", compute_dtype="float32")
-    x = g.tensor((2, 4, 6, 6), dtype="float16", name="x", **({"layout": layout} if layout else {}))
-    w = g.tensor((8, 4, 3, 3), dtype="float16", name="w")
-    b = g.tensor((8,), dtype="float16", name="b") if bias else None
-    y = g.conv2d(x, w, b, stride=1, padding=1)
-    if activation:
-        y = getattr(g, activation)(y)
-    y.set_output()
-    plan = g.build(device="cpu")
-    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
-    assert isinstance(item, ConvGroup)
-    return item
+    group: ConvGroup = single_conv_group((2, 4, 6, 6), (8, 4, 3, 3), activation=activation, bias=bias, layout=layout)
+    return group
 
 
 def test_no_frontend_candidates_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:

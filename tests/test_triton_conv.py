@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import fusegraph as fg
-from conftest import assert_close, rand
+from conftest import assert_close, rand, single_conv_group
 from fusegraph.backends import triton_conv
 from fusegraph.backends.conv_kernel import LIBRARY_SOURCES, conv_group_kernel, library_candidates, library_source
 from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
@@ -308,18 +308,9 @@ def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> No
 
 
 def _conv_group(c_in: int = 3, groups: int = 1, activation: str = "relu", dtype: str = "float16") -> ConvGroup:
-    g = fg.Graph(name="tc", compute_dtype="float32")
-    x = g.tensor((2, c_in, 10, 9), dtype=dtype, name="x", layout="NHWC")
-    w = g.tensor((12, c_in // groups, 3, 3), dtype=dtype, name="w")
-    b = g.tensor((12,), dtype=dtype, name="b")
-    y = g.conv2d(x, w, b, stride=2, padding=1, groups=groups)
-    if activation:
-        y = getattr(g, activation)(y)
-    y.set_output()
-    plan = g.build(device="cpu")
-    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
-    assert isinstance(item, ConvGroup)
-    return item
+    group: ConvGroup = single_conv_group((2, c_in, 10, 9), (12, c_in // groups, 3, 3), activation=activation,
+                                         dtype=dtype, stride=2, padding=1, groups=groups)
+    return group
 
 
 def _epilogue_kernel(group: ConvGroup) -> Any:
