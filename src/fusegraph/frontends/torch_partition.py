@@ -253,7 +253,8 @@ class CompiledPartition(torch.nn.Module):
         rng = {node for node in placeholders if is_rng_state(node)}
         # inputs an in-place scatter writes (a KV cache): the Plan writes the caller's tensor, so a
         # captured CUDA graph must read and write it in place (static), never a per-call copy
-        written = {i for i, p in enumerate(placeholders) if p.name in mutated_placeholders(self.eager)}
+        mutated = mutated_placeholders(self.eager)
+        written = {i for i, p in enumerate(placeholders) if p.name in mutated}
         devices = {v.device for i, (p, v) in enumerate(zip(placeholders, input_vals, strict=True))
                    if isinstance(v, torch.Tensor) and p not in rng and i not in self._constant_args}
         accelerators = {d for d in devices if d.type not in ("cpu", "meta")}

@@ -294,25 +294,26 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
         key = (node.id, emb)
         if key in entries:
             return entries[key]
-        if is_literal(node):
+        kind = _trace_kind(node)
+        if kind == "literal":
             entry = Entry("", node, emb, "literal", full=False)
-        elif (node.id in boundary and node.id not in own) or node.op == "input" or not fusable(node):
+        elif kind == "load" or (node.id in boundary and node.id not in own):
             entry = Entry("", node, emb, "load", full=_is_full(emb, domain))
-        elif is_generator(node):
+        elif kind == "gen":
             entry = Entry("", node, emb, "gen", full=_is_full(emb, domain))
-        elif get_op(node.op).has(VIEW) or is_unit_reduction(node):
+        elif kind == "view":
             arg = visit(node.inputs[0], view_input_embedding(node, emb))
             entry = Entry("", node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
-        elif get_op(node.op).has(REDUCTION):
+        elif kind == "reduce":
             if reduction_domain(node) != domain or emb != natural_embedding(node, domain):
                 raise TraceError(f"{node.name}: reduction does not fit domain {domain}")
             arg = visit(node.inputs[0], tuple(squeeze_map(node.inputs[0].shape)))
             entry = Entry("", node, emb, "reduce", (arg.key,), full=False, stage=arg.stage + 1)
-        elif node.op == "concat":   # one argument per non-empty input, read at shifted indices
+        elif kind == "concat":   # one argument per non-empty input, read at shifted indices
             args = [visit(x, concat_input_embedding(node, emb, k)) for k, x, _ in concat_parts(node)]
             entry = Entry("", node, emb, "op", tuple(a.key for a in args), stage=max(a.stage for a in args),
                           full=any(a.full for a in args) or _is_full(emb, domain))
-        elif node.op == "pad":      # the input read at i - before, the padding selected (index_map)
+        elif kind == "pad":      # the input read at i - before, the padding selected (index_map)
             arg = visit(node.inputs[0], pad_input_embedding(node, emb))
             entry = Entry("", node, emb, "op", (arg.key,), stage=arg.stage, full=arg.full or _is_full(emb, domain))
         else:
@@ -338,6 +339,31 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
     group.entries = order
     group.loads = [e for e in order if e.kind == "load"]
     group.stores = stores
+
+
+_TRACE_KIND: weakref.WeakKeyDictionary[Node, str] = weakref.WeakKeyDictionary()
+
+
+def _trace_kind(node: Node) -> str:
+    """What trace_group does with a node, boundaries aside (remembered per node): "literal",
+    "load" (a graph input or not fusable), "gen", "view", "reduce", "concat", "pad" or "op"."""
+    known = _TRACE_KIND.get(node)
+    if known is None:
+        opdef = get_op(node.op)
+        if is_literal(node):
+            known = "literal"
+        elif node.op == "input" or not fusable(node):
+            known = "load"
+        elif is_generator(node):
+            known = "gen"
+        elif opdef.has(VIEW) or is_unit_reduction(node):
+            known = "view"
+        elif opdef.has(REDUCTION):
+            known = "reduce"
+        else:
+            known = node.op if node.op in ("concat", "pad") else "op"
+        _TRACE_KIND[node] = known
+    return known
 
 
 def _is_full(emb: Embedding, domain: Domain) -> bool:
