@@ -21,7 +21,7 @@ class Pass:
         start = time.perf_counter()
         out = self.fn(graph)
         record = PassRecord(self.name, time.perf_counter() - start, len(graph.nodes), len(out.nodes))
-        out = out.with_(record=record, order=out.order)
+        out = out.with_(record=record, order=out.nodes)   # the same nodes: no second topological sort
         if settings.verify or settings.debug >= 1:
             from ..ir.verify import verify
 
