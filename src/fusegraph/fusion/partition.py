@@ -425,13 +425,14 @@ def _group(graph: Graph, aliases: set[int],
     library_ids |= literal_library
     library = [n for n in graph.nodes if n.id in library_ids]
     ancestors = _ancestor_masks(graph)
+    bits = _bits(ancestors)
     library_by_id = {n.id: n for n in library}
     groups: list[KernelGroup] = []
     group_of: dict[int, KernelGroup] = {}
     for anchor in anchors:
         alone = KernelGroup(_own_domain(anchor), [anchor])
         trace_group(alone, boundary)
-        target = _merge_target(alone, groups, group_of, boundary, ancestors, library_by_id)
+        target = _merge_target(alone, groups, group_of, boundary, ancestors, library_by_id, bits)
         if target is None:
             groups.append(alone)
             group_of[anchor.id] = alone
@@ -486,6 +487,20 @@ def _ancestor_masks(graph: Graph) -> dict[int, int]:
     return masks
 
 
+def _merge_would_cycle(first: KernelGroup, second: KernelGroup, ancestors: dict[int, int],
+                       graph_bits: dict[int, int]) -> bool:
+    """_cyclic of the two groups merged, without tracing the merge: the merged kernel loads what either
+    loads except the other's anchors (its own values now), so this is exact whenever the trace would
+    succeed. Half of GPT-2's same-domain merge trials failed this way after a full trace."""
+    anchors = first.anchors + second.anchors
+    written = 0
+    for a in anchors:
+        written |= graph_bits[a.id]
+    own = {a.id for a in anchors}
+    return any(ancestors.get(e.node.id, 0) & written
+               for e in (*first.loads, *second.loads) if e.node.id not in own)
+
+
 def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int, int]) -> bool:
     """Does a value this kernel reads depend on one it writes (through other kernels)?"""
     written = 0
@@ -496,7 +511,7 @@ def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int,
 
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
                   boundary: set[int], ancestors: dict[int, int],
-                  library: dict[int, Node] | None = None) -> KernelGroup | None:
+                  library: dict[int, Node] | None = None, bits: dict[int, int] | None = None) -> KernelGroup | None:
     """The producer group this anchor can join (latest first), merging in place; None if none."""
     from .recompute import reads_through_kernels
 
@@ -505,16 +520,18 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
     siblings = [g for g in groups if g.domain == alone.domain and any(e.node.id in reads for e in g.loads)]
     ordered = sorted({id(g): g for g in producers}.values(), key=groups.index, reverse=True)
     ordered += [g for g in reversed(siblings) if g not in ordered]  # same space, same data read
+    if bits is None:
+        bits = _bits(ancestors)
     for group in ordered:
         domain = _merged_domain(group.domain, alone.domain, alone.anchors[0])
-        if domain is None:
+        if domain is None or _merge_would_cycle(group, alone, ancestors, bits):
             continue
         trial = KernelGroup(domain, group.anchors + alone.anchors)
         try:
             trace_group(trial, boundary)
         except TraceError:
             continue
-        if _cyclic(trial, ancestors, _bits(ancestors)) or reads_through_kernels(trial, group_of, library or {}):
+        if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}):
             continue
         group.domain, group.anchors = trial.domain, trial.anchors
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
@@ -621,6 +638,9 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                 first, second = (a, b) if position[id(a)] < position[id(b)] else (b, a)
                 key = (tuple(n.id for n in first.anchors), tuple(n.id for n in second.anchors))
                 if key in failed:
+                    continue
+                if _merge_would_cycle(first, second, ancestors, bits):
+                    failed.add(key)
                     continue
                 trial = KernelGroup(first.domain, first.anchors + second.anchors)
                 try:
