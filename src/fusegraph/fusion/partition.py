@@ -432,7 +432,7 @@ def _group(graph: Graph, aliases: set[int],
     for anchor in anchors:
         alone = KernelGroup(_own_domain(anchor), [anchor])
         trace_group(alone, boundary)
-        target = _merge_target(alone, groups, group_of, boundary, ancestors, library_by_id, bits)
+        target = _merge_target(alone, groups, group_of, boundary, ancestors, bits, library_by_id)
         if target is None:
             groups.append(alone)
             group_of[anchor.id] = alone
@@ -510,8 +510,8 @@ def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int,
 
 
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
-                  boundary: set[int], ancestors: dict[int, int],
-                  library: dict[int, Node] | None = None, bits: dict[int, int] | None = None) -> KernelGroup | None:
+                  boundary: set[int], ancestors: dict[int, int], bits: dict[int, int],
+                  library: dict[int, Node] | None = None) -> KernelGroup | None:
     """The producer group this anchor can join (latest first), merging in place; None if none."""
     from .recompute import reads_through_kernels
 
@@ -520,8 +520,6 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
     siblings = [g for g in groups if g.domain == alone.domain and any(e.node.id in reads for e in g.loads)]
     ordered = sorted({id(g): g for g in producers}.values(), key=groups.index, reverse=True)
     ordered += [g for g in reversed(siblings) if g not in ordered]  # same space, same data read
-    if bits is None:
-        bits = _bits(ancestors)
     for group in ordered:
         domain = _merged_domain(group.domain, alone.domain, alone.anchors[0])
         if domain is None or _merge_would_cycle(group, alone, ancestors, bits):

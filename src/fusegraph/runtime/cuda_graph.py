@@ -313,7 +313,9 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
     if plain is not None:
-        env.update(PLAIN=plain, CAPTURING=stream_capturing)
+        # one check per call: torch's own query where there is a GPU (the module function elsewhere)
+        capturing = torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else stream_capturing
+        env.update(PLAIN=plain, CAPTURING=capturing)
         lines += ["    if CAPTURING():", "        return PLAIN(inputs)"]
     by_reference = sorted(captured.by_reference)
     if by_reference:

@@ -62,28 +62,26 @@ class Plan:
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
         log(f"plan {self.graph.name}: CUDA graph: {decision.note}")
-        # a reuse plan the estimate turned down may still capture: at its second call it knows which inputs
-        # are another plan's captured outputs (read in place, not copied) and decides again (a forced one
-        # only recounts its copies there)
-        # and any other plan the estimate turned down is measured at its second call (captured if host-bound)
+        # a plan the estimate turned down may still capture: a reuse plan decides again at its second call,
+        # knowing which inputs are another plan's captured outputs (read in place, not copied; a forced one
+        # only recounts its copies there); any other plan is measured at its second call (captured if host-bound)
         deferred = requested is None and decision.by_estimate
         if not decision.capture and not deferred:
             return
         plain = self._run_fast
+        copies_when_captured = [decision.copies]
 
         def install(run: Callable[[Sequence[Any]], list[Any]]) -> None:
             self._run_fast = run
 
-        def set_note(note: str) -> None:
+        def set_note(note: str) -> None:   # the runner's outcome: captured, or kernel by kernel from now on
             self.cuda_graph_note = f"{decision.note}; {note}"
-            if "failed" in note or "at capture" in note or "device-bound" in note:
-                self.cuda_graph_copies = 0
-            elif self.cuda_graph is not None and self.cuda_graph.measured is not None and self.cuda_graph_captured:
-                self.cuda_graph_copies = decision.copies    # measured host-bound, then captured
+            self.cuda_graph_copies = copies_when_captured[0] if self.cuda_graph_captured else 0
 
         def redecide(chained: frozenset[int]) -> GraphDecision:
             again = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
                            static_inputs=set(self.static_inputs) | chained)
+            copies_when_captured[0] = again.copies
             self.cuda_graph_copies = again.copies if again.capture else 0
             return again
 
