@@ -20,6 +20,13 @@ input): which candidate the ConvGroup's autotuner chose, the plan's time next to
     PYTHONPATH=src python bench/stem_conv_gpu.py               # H200: tunes ~21 configs per case, ~2-3 min
     PYTHONPATH=src FUSEGRAPH_DEBUG=2 python bench/stem_conv_gpu.py     # also every config's timing
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/stem_conv_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
+
+With --pointwise: ResNet-50's 1x1 convolutions instead (b128, bf16, channels-last; the bottleneck's
+reduce/expand convs and the stride-2 downsample projections), where only the "gemm" variant applies
+(a 1x1 conv over NHWC operands is a plain GEMM: M = N*OH*OW pixels, K = C_in), against cuDNN:
+
+    PYTHONPATH=src python bench/stem_conv_gpu.py --pointwise --no-plan
+
 The table goes to stdout and is appended to $OUT/stem_conv.txt when OUT is set.
 """
 
@@ -57,6 +64,22 @@ CASES = (
     Case("convnext_patch", 64, 3, 96, 224, 4, 4, 0),
     Case("swin_patch", 64, 3, 128, 224, 4, 4, 0),
 )
+POINTWISE_CASES = (
+    Case("r50_s1_64_64", 128, 64, 64, 56, 1, 1, 0),
+    Case("r50_s1_64_256", 128, 64, 256, 56, 1, 1, 0),
+    Case("r50_s1_256_64", 128, 256, 64, 56, 1, 1, 0),
+    Case("r50_ds2_256_512", 128, 256, 512, 56, 1, 2, 0),
+    Case("r50_s2_128_512", 128, 128, 512, 28, 1, 1, 0),
+    Case("r50_s2_512_128", 128, 512, 128, 28, 1, 1, 0),
+    Case("r50_s3_256_1024", 128, 256, 1024, 14, 1, 1, 0),
+    Case("r50_s3_1024_256", 128, 1024, 256, 14, 1, 1, 0),
+    Case("r50_s4_512_2048", 128, 512, 2048, 7, 1, 1, 0),
+    Case("r50_s4_2048_512", 128, 2048, 512, 7, 1, 1, 0),
+)
+POINTWISE_SMOKE_CASES = (
+    Case("pointwise_smoke", 2, 32, 24, 9, 1, 1, 0),
+    Case("pointwise_s2_smoke", 2, 48, 16, 9, 1, 2, 0),
+)
 SMOKE_CASES = (
     Case("stem_smoke", 2, 3, 16, 20, 7, 2, 3),
     Case("patch_smoke", 2, 3, 24, 16, 4, 4, 0),
@@ -93,7 +116,15 @@ def timer(device: str) -> Callable[[Callable[[], Any]], tuple[float, float]]:
     return measure
 
 
-VARIANTS = ("direct", "padded")
+VARIANTS = ("direct", "padded", "gemm")
+
+
+def variants_of(problem: Any) -> list[str]:
+    """The variants the tuner is offered for this problem, in VARIANTS order."""
+    from fusegraph.backends import triton_conv
+
+    offered = {c["VARIANT"] for c in triton_conv.configs(problem)}
+    return [v for v in VARIANTS if v in offered]
 
 
 def tile(config: dict[str, Any]) -> str:
@@ -117,7 +148,7 @@ def conv_lines(case: Case, dtype: torch.dtype, device: str) -> tuple[list[str], 
     lines = [f"{case.name:15s} {shape:24s} {'cudnn':8s} {cudnn_dev:8.4f} {cudnn_flushed:8.4f}"]
     ok = True
     best: dict[str, float] = {}
-    for variant in VARIANTS:
+    for variant in variants_of(problem):
         t0 = time.perf_counter()
         ours, tuning = triton_conv.autotuned(problem, device, variant)
         tune_s = time.perf_counter() - t0
@@ -137,8 +168,9 @@ def conv_lines(case: Case, dtype: torch.dtype, device: str) -> tuple[list[str], 
                      f"{'-' if floor is None else f'{floor:.4f}':>7s} {err:8.1e}{'' if err <= limit else ' FAIL'}  "
                      f"{tile(ours.config)} ({tuning['source']}, {tune_s:.1f} s){extra}")
     picked, tuning = triton_conv.tuned(problem, device)
-    lines.append(f"{'':15s} {'':24s} tuned pick: {picked.variant} {tile(picked.config)} ({tuning['source']}); "
-                 f"padded/direct {best['padded'] / best['direct']:.2f}")
+    ratio = f"; padded/direct {best['padded'] / best['direct']:.2f}" if {"padded", "direct"} <= set(best) else ""
+    lines.append(f"{'':15s} {'':24s} tuned pick: {picked.variant} {tile(picked.config)} ({tuning['source']})"
+                 f"{ratio}")
     return lines, ok
 
 
@@ -165,7 +197,7 @@ def load_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
     problem = triton_conv.problem_of_tensors(x, w, None, (case.stride, case.stride), (case.padding, case.padding),
                                              (1, 1))
     lines = []
-    for variant in VARIANTS:
+    for variant in variants_of(problem):
         ours, _ = triton_conv.autotuned(problem, device, variant)
         compiled = ours.warmup_job(x, w, None)()
         counts = ptx_loads(getattr(compiled, "asm", {}).get("ptx", ""))
@@ -192,7 +224,7 @@ def fused_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
     if device.startswith("cuda") and hasattr(torch, "cudnn_convolution_relu"):
         calls["cudnn_convolution_relu"] = lambda: torch.cudnn_convolution_relu(x, w, b, stride, padding, (1, 1), 1)
     errs = []
-    for variant in VARIANTS:
+    for variant in variants_of(problem):
         plain, _ = triton_conv.autotuned(triton_conv.problem_of_tensors(x, w, None, stride, padding, (1, 1)),
                                          device, variant)
         ours = triton_conv.TritonConv(problem, plain.config, triton_conv.EpilogueForm(activation="relu"))
@@ -246,14 +278,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, fp16, under the interpreter")
     parser.add_argument("--no-plan", action="store_true", help="skip the fusegraph plan of the stem")
+    parser.add_argument("--pointwise", action="store_true", help="ResNet-50's 1x1 convolutions (the gemm variant)")
     args = parser.parse_args()
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device, dtype = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
-    cases = SMOKE_CASES if smoke else CASES
+    cases = {(False, False): CASES, (True, False): SMOKE_CASES, (False, True): POINTWISE_CASES,
+             (True, True): POINTWISE_SMOKE_CASES}[(smoke, args.pointwise)]
     header = (f"{'case':15s} {'shape':24s} {'kernel':8s} {'ms':>8s} {'flushed':>8s} {'vs cudnn':>8s} "
               f"{'floor':>7s} {'rel err':>8s}  config")
     gpu = torch.cuda.get_device_name() if not smoke else "CPU (interpreter smoke run)"
-    emit(f"== stem convolutions, {gpu}, {str(dtype).replace('torch.', '')}, channels-last; ms per call ==")
+    kind = "1x1" if args.pointwise else "stem"
+    emit(f"== {kind} convolutions, {gpu}, {str(dtype).replace('torch.', '')}, channels-last; ms per call ==")
     emit(header)
     ok = True
     for case in cases:

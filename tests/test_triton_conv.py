@@ -6,9 +6,12 @@ operands and output strides, tile configs with K tails and grouped tile order, I
 padded variant's alignment/contiguity hints (which the interpreter ignores) checked against the
 addresses it computes; both variants among the tuner's candidates; the stem compiled for sm_90
 without a GPU (the padded variant's loads are vectors);
-and the ConvGroup candidate hook: offered for a narrow-channel group on a GPU, not for wide or
-grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the candidate (our conv + the group's
-epilogue kernel) computes what the plain conv + epilogue path computes."""
+the gemm variant (1x1 convolutions of any width as a plain GEMM: K, row and column tails, stride 2,
+alignment below 16 bytes, vector loads when compiled for sm_90, offered for wide 1x1 and fused with
+a BN + residual + ReLU epilogue); and the ConvGroup candidate hook: offered for a narrow-channel
+group on a GPU, not for wide or grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the
+candidate (our conv + the group's epilogue kernel) computes what the plain conv + epilogue path
+computes."""
 
 from __future__ import annotations
 
@@ -121,6 +124,82 @@ def test_inf_and_nan_reach_only_the_outputs_whose_window_holds_them(variant: str
     assert_close(out[finite], ref[finite], tol=1e-5)
 
 
+# (name, N, C_in, H, W, C_out, stride, config tile (BLOCK_M, BLOCK_N, BLOCK_K))
+GEMM_CASES = [
+    ("c32_s1_one_k_step", 2, 32, 7, 5, 48, 1, (32, 32, 32)),             # 70 rows: a 6-row tail; 48 = 32 + 16 tail
+    ("c40_k_tail", 1, 40, 6, 6, 24, 1, (16, 16, 16)),                    # K 40 = 16 + 16 + 8 (masked K tail)
+    ("c64_s2_downsample", 2, 64, 9, 8, 40, 2, (32, 16, 32)),              # 5x4 outputs from odd rows/cols
+    ("c36_align4_fp16", 1, 36, 5, 7, 16, 1, (16, 16, 32)),               # pixel stride 36: 8-byte runs only
+]
+
+
+@on_the_interpreter
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
+def test_gemm_variant_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) -> None:
+    _, n, c, h, w, co, stride, (bm, bn, bk) = case
+    x, wt, b = _operands(n, c, h, w, co, 1, 1, True, dtype, seed=c)
+    problem = triton_conv.problem_of_tensors(x, wt, b, (stride, stride), (0, 0), (1, 1))
+    assert triton_conv.gemm_unsupported(problem) is None
+    assert [v for v in (cfg["VARIANT"] for cfg in triton_conv.configs(problem))][-1] == "gemm"
+    config = {"VARIANT": "gemm", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 2, "num_warps": 2,
+              "num_stages": 2}
+    conv = triton_conv.TritonConv(problem, config)
+    assert conv.constexprs["GEMM"] and conv.constexprs["ALIGN"] == (4 if c == 36 and dtype == torch.float16 else
+                                                                     16 // x.element_size())
+    out = conv(x, wt, b)
+    ref = _reference(x, wt, b, stride, 0, 1)
+    assert out.dtype == dtype and out.is_contiguous(memory_format=CL)
+    assert_close(out.float(), ref, tol=5e-3 if dtype == torch.float16 else 1e-5, what=case[0])
+
+
+def test_gemm_variant_offered_for_1x1_only_and_alone_for_wide_channels() -> None:
+    def problem(c: int, k: int, padding: int = 0, cl: bool = True) -> triton_conv.ConvProblem:
+        fmt = CL if cl else torch.contiguous_format
+        x = torch.empty(2, c, 8, 8, dtype=torch.bfloat16).contiguous(memory_format=fmt)
+        w = torch.empty(16, c, k, k, dtype=torch.bfloat16).contiguous(memory_format=CL)
+        return triton_conv.problem_of_tensors(x, w, None, (1, 1), (padding, padding), (1, 1))
+
+    assert {c["VARIANT"] for c in triton_conv.configs(problem(256, 1))} == {"gemm"}
+    assert {c["VARIANT"] for c in triton_conv.configs(problem(8, 1))} == {"direct", "padded", "gemm"}
+    assert {c["VARIANT"] for c in triton_conv.configs(problem(8, 3, 1))} == {"direct", "padded"}
+    assert triton_conv.gemm_unsupported(problem(64, 3, 1)) == "kernel 3x3, not 1x1"
+    assert triton_conv.gemm_unsupported(problem(64, 1, 1)) == "padding (1, 1)"
+    nchw = problem(64, 1, cl=False)
+    assert triton_conv.gemm_unsupported(nchw) == "channels not contiguous in x or w (not channels-last)"
+    with pytest.raises(fg.InvalidValueError, match="VARIANT='gemm' for a convolution it does not apply to"):
+        triton_conv.TritonConv(nchw, {"VARIANT": "gemm", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16,
+                                      "GROUP_M": 1, "num_warps": 1, "num_stages": 1})
+    assert all(c["BLOCK_K"] <= 64 and c["BLOCK_N"] <= 16 for c in triton_conv.configs(problem(256, 1)))
+
+
+def test_compiled_for_sm90_the_gemm_variant_loads_and_stores_only_vectors() -> None:
+    """A ResNet-50 bottleneck's 1x1 convolutions (bf16, NHWC), with its fused BN + residual + ReLU
+    epilogue, compiled for sm_90 without a GPU: no scalar global loads (the direct variant issues
+    2-byte ones for the same problem), K loops of several steps as 16-byte cp.async, tensor cores."""
+    import re
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    for c_in, c_out, stride in ((64, 256, 1), (256, 64, 1), (256, 512, 2)):
+        x = torch.empty(128, c_in, 56, 56, dtype=torch.bfloat16).contiguous(memory_format=CL)
+        w = torch.empty(c_out, c_in, 1, 1, dtype=torch.bfloat16).contiguous(memory_format=CL)
+        problem = triton_conv.problem_of_tensors(x, w, None, (stride, stride), (0, 0), (1, 1))
+        form = triton_conv.EpilogueForm(scale=True, shift=True, residual_strides=problem.out_strides,
+                                        activation="relu")
+        config = {"VARIANT": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+                  "num_stages": 3}
+        ptx = _sm90_ptx(triton_conv.TritonConv(problem, config, form))
+        assert "ld.global.b16" not in ptx and "ld.global.u16" not in ptx, (c_in, c_out)
+        assert set(re.findall(r"\bst\.global[.\w]*", ptx)) == {"st.global.v4.b32"}, (c_in, c_out)
+        assert "wgmma.mma_async" in ptx
+        if c_in > 64:
+            copies = set(re.findall(r"\bcp\.async\.c[ag]\.shared\.global[^;]*?\],\s*\[[^\]]*\],\s*(\w+)", ptx))
+            assert copies == {"0x10"}, (c_in, copies)
+        direct = dict(config, VARIANT="direct")
+        if c_in == 64:
+            assert "ld.global.b16" in _sm90_ptx(triton_conv.TritonConv(problem, direct, form))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("case", [("stem", 3, 7, 7, (2, 2), (3, 3), (1, 1)), ("s1", 3, 3, 3, (1, 1), (1, 1), (1, 1)),
                                   ("gray", 1, 7, 7, (2, 2), (3, 3), (1, 1)), ("c5", 5, 3, 3, (2, 1), (1, 2), (1, 1)),
@@ -172,7 +251,8 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
     fn = conv.fn if isinstance(conv.fn, JITFunction) else JITFunction(conv.fn.fn)
     x_strides = p.x_strides if conv.padder is None else conv.padder.geom.strides
     hw = p.x_shape[2:] if conv.padder is None else (conv.padder.geom.hp, conv.padder.geom.wa)
-    ints = iter([p.x_shape[0], *hw, *p.out_shape[2:], *x_strides, *p.w_strides, *p.out_strides, 0, 0, 0, 0])
+    res_strides = conv.epilogue.residual_strides or (0, 0, 0, 0)
+    ints = iter([p.x_shape[0], *hw, *p.out_shape[2:], *x_strides, *p.w_strides, *p.out_strides, *res_strides])
     element = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p.dtype]
     signature: dict[str, str] = {}
     constants: dict[str, Any] = {}
@@ -263,7 +343,7 @@ def test_the_tuner_is_offered_both_variants_for_the_resnet_stem(monkeypatch: pyt
     stem = triton_conv.problem_of_tensors(x, w, None, (2, 2), (3, 3), (1, 1))
     conv, _ = triton_conv.autotuned(stem, "cpu")
     variants = [c["VARIANT"] for c in offered["candidates"]]
-    assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 2
+    assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 3
     assert variants.count("direct") >= 8 and variants.count("padded") >= 8 and variants[0] == "direct"
     assert conv.variant == "padded" and conv.padder is not None            # the tuner's pick is what runs
     geom = conv.padder.geom
@@ -304,7 +384,7 @@ def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> No
     key = stem.key("cuda:0")
     assert key["conv"] == [(2, 2), (3, 3), (1, 1)] and key["dtype"] == "float32"
     assert key["x"][1] == (3 * 224 * 224, 224 * 224, 224, 1)                    # strides are part of the key
-    assert key["version"] == triton_conv.TUNING_VERSION == 2     # entries from before the variants do not alias
+    assert key["version"] == triton_conv.TUNING_VERSION == 3     # entries from before the variants do not alias
 
 
 def _conv_group(c_in: int = 3, groups: int = 1, activation: str = "relu", dtype: str = "float16") -> ConvGroup:
@@ -331,8 +411,14 @@ def test_candidate_offered_for_narrow_channels_on_a_gpu_only(capsys: pytest.Capt
         grouped = _conv_group(c_in=4, groups=2)
         assert "triton_conv" not in library_candidates(grouped, "cuda", "k_grouped", "float32",
                                                        _epilogue_kernel(grouped))
+        pointwise = single_conv_group((2, 32, 6, 5), (12, 32, 1, 1), padding=0)     # 1x1: the gemm variant
+        assert "triton_conv" in library_candidates(pointwise, "cuda", "k_1x1", "float32", _epilogue_kernel(pointwise))
+        nchw = single_conv_group((2, 32, 6, 5), (12, 32, 1, 1), padding=0, layout=None)
+        assert "triton_conv" not in library_candidates(nchw, "cuda", "k_nchw", "float32", _epilogue_kernel(nchw))
     printed = capsys.readouterr().out
-    assert "k_wide: Triton conv not used: C_in=32 > 16" in printed
+    assert "k_wide: Triton conv not used: C_in=32 > 16" in printed and "(kernel 3x3, not 1x1)" in printed
+    assert "k_nchw: Triton conv not used: C_in=32 > 16" in printed and "not channels-last" in printed
+    assert "k_1x1: Triton conv not used" not in printed
     assert "k_grouped: Triton conv not used: grouped convolution (groups=2)" in printed
     g = fg.Graph(name="f64")
     x64, w64 = g.tensor((1, 3, 5, 5), dtype="float64", name="x"), g.tensor((4, 3, 3, 3), dtype="float64", name="w")
@@ -368,13 +454,14 @@ def test_candidate_runs_our_conv_then_the_epilogue_like_the_plain_path(variant: 
     assert ("def fg_conv_pad_operands" in source) == (variant == "padded")
 
 
-def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
-    """conv2d (fp16, C_in 3) + an inference epilogue of `kind` as one ConvGroup."""
+def _fused_graph(kind: str, layout: str | None = "NHWC", c_in: int = 3, k: int = 3) -> ConvGroup:
+    """conv2d (fp16, C_in 3, 3x3/2 padded; or 1x1/2 unpadded) + an inference epilogue of `kind` as one
+    ConvGroup."""
     g = fg.Graph(name=f"fused_{kind}", compute_dtype="float32")
-    x = g.tensor((2, 3, 11, 10), dtype="float16", name="x", layout=layout)
-    w = g.tensor((12, 3, 3, 3), dtype="float16", name="w")
+    x = g.tensor((2, c_in, 11, 10), dtype="float16", name="x", layout=layout)
+    w = g.tensor((12, c_in, k, k), dtype="float16", name="w")
     b = g.tensor((12,), dtype="float16", name="b")
-    y = g.conv2d(x, w, b, stride=2, padding=1)
+    y = g.conv2d(x, w, b, stride=2, padding=k // 2)
     if kind in ("bn_relu", "bn_residual_relu"):
         rm, rv = g.tensor((12,), dtype="float32", name="rm"), g.tensor((12,), dtype="float32", name="rv")
         gw, gb = g.tensor((12,), dtype="float16", name="gw"), g.tensor((12,), dtype="float16", name="gb")
@@ -395,11 +482,13 @@ def _fused_graph(kind: str, layout: str | None = "NHWC") -> ConvGroup:
 @pytest.mark.parametrize("kind,layout,variant", [
     ("bias_relu", "NHWC", "direct"), ("bias_relu", None, "direct"), ("bias_silu", "NHWC", "direct"),
     ("bias_gelu", "NHWC", "direct"), ("bn_relu", "NHWC", "direct"), ("bn_residual_relu", "NHWC", "direct"),
-    ("bias_relu", "NHWC", "padded"), ("bias_relu", None, "padded"), ("bn_residual_relu", "NHWC", "padded")])
+    ("bias_relu", "NHWC", "padded"), ("bias_relu", None, "padded"), ("bn_residual_relu", "NHWC", "padded"),
+    ("bn_residual_relu", "NHWC", "gemm"), ("bias_gelu", "NHWC", "gemm")])
 def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None, variant: str) -> None:
     from fusegraph.lower import _example_inputs
 
-    group = _fused_graph(kind, layout)
+    # the gemm variant: a wide (C_in 24 > MAX_C_IN) 1x1 convolution, as ResNet's bottlenecks have
+    group = _fused_graph(kind, layout, c_in=24, k=1) if variant == "gemm" else _fused_graph(kind, layout)
     offered = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))
     fused = offered["triton_conv_fused"]
     assert isinstance(fused, triton_conv.FusedGroupLaunch)
@@ -453,3 +542,16 @@ def test_on_the_gpu_tuned_bf16_and_a_plan_that_offers_both_candidates() -> None:
     assert kernel.tuning["candidates"] >= 3      # conv + epilogue, triton_conv, triton_conv_fused (+ cuDNN fused)
     got = plan.execute({xs: x, ws: wt, bs: b})[y]
     assert_close(got.float(), torch.relu(_reference(x, wt, b, 2, 3, 1)), tol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETING,
+                    reason="needs a GPU and compiled kernels (TRITON_INTERPRET=0): tuned configs, bf16 dots")
+def test_on_the_gpu_every_gemm_config_of_a_bottleneck_1x1_is_right_in_bf16() -> None:
+    x, wt, b = _operands(8, 256, 28, 28, 128, 1, 1, True, torch.bfloat16, seed=17)
+    x, wt, b = x.cuda(), wt.cuda(), None if b is None else b.cuda()
+    for stride in (1, 2):
+        problem = triton_conv.problem_of_tensors(x, wt, b, (stride, stride), (0, 0), (1, 1))
+        assert {c["VARIANT"] for c in triton_conv.configs(problem)} == {"gemm"}
+        for config in triton_conv.configs(problem):   # hints trusted on real hardware: each config checked
+            got = triton_conv.conv2d(x, wt, b, (stride, stride), (0, 0), (1, 1), config=config)
+            assert_close(got.float(), _reference(x, wt, b, stride, 0, 1), tol=2e-2, what=str(config))

@@ -135,7 +135,7 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     """Other implementations of the whole group (conv + epilogue) that apply here, by name: torch's
     fused cuDNN conv+bias+relu, a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
     inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py),
-    and our Triton implicit-GEMM conv (narrow input channels, backends/triton_conv.py) followed by
+    and our Triton conv (narrow input channels, or 1x1 as a GEMM: backends/triton_conv.py) followed by
     `epilogue` (the group's epilogue kernel, as the plain path runs it), or with a CNN inference
     epilogue fused into its store. Empty off the GPU."""
     out: dict[str, Any] = {}

@@ -19,15 +19,23 @@ contiguous, aligned runs without border masks (alignment and contiguity hints: c
 instead of one 2-byte load per element when C_in = 3). Without a GPU or autotuning the first
 (direct) config runs.
 
-Where it is offered (`unsupported`): conv2d, groups == 1, fp16/bf16/fp32, and C_in <= MAX_C_IN
-(16). Why narrow input channels: cuDNN's tensor-core convolutions vectorize the channel dimension
-per filter tap (C padded to 8 or more per (kh, kw)), so a 3-channel stem wastes most of its K and
-runs near CUDA-core speed: ResNet-50's stem (b128, 3->64, 7x7/2, bf16 NHWC) takes 0.88 ms on the
-H200 against a 0.05 ms floor, and zero-padding C to 4 or 8 does not help it. Here K = 7*7*3 = 147
-is packed once and padded once (to the K tile). For wide C_in cuDNN's implicit GEMM is near the
-tensor-core floor, and every offered candidate costs compiles and timings at build time, so the
-rule keeps this kernel to the narrow convolutions it can win. FUSEGRAPH_DEBUG >= 1 prints why a
-group does not get it.
+A third variant, "gemm", serves 1x1 unpadded convolutions over channels-last operands (any
+stride, any C_in): each output pixel's A row is its input pixel's C_in contiguous channels and
+w[co] is a contiguous row, so the kernel is a plain GEMM (M = N*OH*OW, K = C_in) loading both
+operands as aligned 16-byte vectors (cp.async when K takes several steps), with the same fused
+epilogue. The 1x1 convolutions of a ResNet bottleneck are memory-bound at 56x56 (K = 64: one K
+step, the store dominates), where cuDNN's engines reach 25-40% of the HBM floor on the H200.
+
+Where it is offered (`unsupported`): conv2d, groups == 1, fp16/bf16/fp32, and C_in <= MAX_C_IN (16:
+the direct and padded variants, and gemm where it applies), or a 1x1 unpadded channels-last conv of
+any width (gemm only). Why narrow input channels: cuDNN's tensor-core convolutions vectorize the
+channel dimension per filter tap (C padded to 8 or more per (kh, kw)), so a 3-channel stem wastes
+most of its K and runs near CUDA-core speed: ResNet-50's stem (b128, 3->64, 7x7/2, bf16 NHWC) takes
+0.88 ms on the H200 against a 0.05 ms floor, and zero-padding C to 4 or 8 does not help it. Here K =
+7*7*3 = 147 is packed once and padded once (to the K tile). For wide C_in cuDNN's implicit GEMM is
+near the tensor-core floor, and every offered candidate costs compiles and timings at build time, so
+the rule keeps the implicit-GEMM variants to the narrow convolutions they can win. FUSEGRAPH_DEBUG
+>= 1 prints why a group does not get this kernel.
 """
 
 from __future__ import annotations
@@ -50,8 +58,8 @@ from . import triton_conv_pad as pad
 KERNEL_NAME = "fg_conv2d_implicit_gemm"
 MAX_C_IN = 16
 DTYPES = ("float16", "bfloat16", "float32")
-VARIANTS = ("direct", "padded")   # config key VARIANT; see the module doc
-TUNING_VERSION = 2                # in the tuning key: 2 = configs carry VARIANT (direct and padded)
+VARIANTS = ("direct", "padded", "gemm")   # config key VARIANT; see the module doc
+TUNING_VERSION = 3                # in the tuning key: 2 = configs carry VARIANT, 3 = the gemm variant
 
 TRITON_CONV_SOURCE = '''\
 import triton
@@ -76,6 +84,9 @@ def fg_conv2d_implicit_gemm(
     # ROW_ALIGN divides each contiguous run's start in x_pad, A_CONTIG is the run's length
     PADDED: tl.constexpr, C_PAD: tl.constexpr, K_ROW: tl.constexpr, ROW_ALIGN: tl.constexpr,
     A_CONTIG: tl.constexpr,
+    # the gemm variant (1x1, no padding, channels contiguous in x and w, every other x stride and w's
+    # row stride a multiple of ALIGN elements): A rows are C_IN contiguous elements, a plain GEMM
+    GEMM: tl.constexpr, ALIGN: tl.constexpr,
     # the fused epilogue: ACTIVATION(acc * scale + shift + residual * rscale), each part optional
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RSCALE: tl.constexpr,
     ACTIVATION: tl.constexpr,     # "" | "relu" | "gelu" | "gelu_approx_tanh" | "swish"
@@ -133,6 +144,30 @@ def fg_conv2d_implicit_gemm(
             a = tl.load(x_ptr + a_offs, mask=k_ok[None, :], other=0.0)
             b_offs = w_rows[None, :] + offs_k[:, None]
             b = tl.load(w_ptr + tl.max_contiguous(tl.multiple_of(b_offs, [BLOCK_K, 1]), [BLOCK_K, 1]))
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    elif GEMM:
+        # 1x1, unpadded: output pixel m reads the C_IN contiguous channels of input pixel
+        # (n, oh * STRIDE_H, ow * STRIDE_W) and column co the C_IN contiguous channels of w[co]. No
+        # row or column masks (tail rows re-read row M-1 and tail columns column C_OUT-1; their stores
+        # are masked), a K mask only when BLOCK_K does not divide C_IN; aligned, contiguous runs
+        # (hints) so both operands load as 16-byte vectors (cp.async on sm_90).
+        m_a = tl.minimum(offs_m, M - 1)
+        nb_a = (m_a // (OW * OH)).to(tl.int64)
+        row_off = nb_a * sxn + ((m_a // OW) % OH * STRIDE_H) * sxh + (m_a % OW * STRIDE_W) * sxw
+        w_rows = tl.minimum(offs_n, C_OUT - 1).to(tl.int64) * swo
+        for k0 in range(0, C_IN, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a_offs = row_off[:, None] + offs_k[None, :]
+            a_offs = tl.max_contiguous(tl.multiple_of(a_offs, [1, ALIGN]), [1, BLOCK_K])
+            b_offs = w_rows[None, :] + offs_k[:, None]
+            b_offs = tl.max_contiguous(tl.multiple_of(b_offs, [ALIGN, 1]), [BLOCK_K, 1])
+            if C_IN % BLOCK_K == 0:
+                a = tl.load(x_ptr + a_offs)
+                b = tl.load(w_ptr + b_offs)
+            else:
+                k_ok = offs_k < C_IN
+                a = tl.load(x_ptr + a_offs, mask=k_ok[None, :], other=0.0)
+                b = tl.load(w_ptr + b_offs, mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     else:
         ih0 = oh * STRIDE_H - PAD_H            # top-left input pixel of each output pixel's window
@@ -196,6 +231,12 @@ _TILES = (
     (128, 64, 32, 4, 3), (128, 64, 16, 4, 4), (256, 64, 32, 8, 3), (128, 128, 32, 8, 3),
     (64, 64, 32, 4, 4), (128, 32, 32, 4, 4), (256, 128, 32, 8, 3), (64, 128, 32, 4, 4),
     (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (64, 32, 16, 2, 4), (32, 32, 32, 2, 2),
+)
+# the gemm variant (1x1 convolutions of any width): Hopper GEMM tiles; with C_IN <= 64 the K loop is
+# one step, so these are mostly store-bound streaming tiles
+_GEMM_TILES = (
+    (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+    (128, 128, 32, 4, 4),
 )
 GROUP_M = 8
 
@@ -286,8 +327,34 @@ def unsupported(node: Node) -> str | None:
         return f"dtype {node.dtype} (fp16, bf16 and fp32 only)"
     c_in = node.inputs[1].shape[1]
     if c_in > MAX_C_IN:
-        return f"C_in={c_in} > {MAX_C_IN}: cuDNN's implicit GEMM serves wide input channels"
+        why_not_gemm = gemm_unsupported(problem_of(node, node.spec.memory_strides))
+        if why_not_gemm is not None:
+            return (f"C_in={c_in} > {MAX_C_IN}: cuDNN's implicit GEMM serves wide input channels, "
+                    f"and the gemm variant does not apply ({why_not_gemm})")
     return None
+
+
+def gemm_unsupported(problem: ConvProblem) -> str | None:
+    """Why the gemm variant (a 1x1, unpadded convolution as a plain GEMM over channels-last
+    operands) does not apply to this problem (None when it does)."""
+    p = problem
+    if p.w_shape[2:] != (1, 1):
+        return f"kernel {p.w_shape[2]}x{p.w_shape[3]}, not 1x1"
+    if p.padding != (0, 0):
+        return f"padding {p.padding}"
+    if p.x_strides[1] != 1 or p.w_strides[1] != 1:
+        return "channels not contiguous in x or w (not channels-last)"
+    return None
+
+
+def gemm_align(problem: ConvProblem) -> int:
+    """Elements (a power of two, at most 16 bytes' worth) dividing every start of the gemm variant's
+    contiguous runs: x's pixel strides and w's row stride."""
+    align = 16 // dtypes.itemsize(problem.dtype)
+    strides = (problem.x_strides[0], problem.x_strides[2], problem.x_strides[3], problem.w_strides[0])
+    while align > 1 and any(s % align for s in strides):
+        align //= 2
+    return align
 
 
 def _pow2_at_least(n: int) -> int:
@@ -308,12 +375,19 @@ def padded_k(problem: ConvProblem) -> int:
 
 
 def configs(problem: ConvProblem) -> list[ConvConfig]:
-    """Candidate configs, best guess first: the direct variant's tiles (the untimed default is the
-    first), then the padded variant's; clamped to the problem (tl.dot needs tiles of >= 16) and
-    deduplicated."""
+    """Candidate configs, best guess first, clamped to the problem (tl.dot needs tiles of >= 16) and
+    deduplicated. Narrow input channels (C_in <= MAX_C_IN): the direct variant's tiles (the untimed
+    default is the first), then the padded variant's, then the gemm variant's where it applies; wide
+    ones: the gemm variant's only (the others are offered for narrow channels only, see the module
+    doc)."""
     cap_m, cap_n = max(16, _pow2_at_least(problem.m)), max(16, _pow2_at_least(problem.out_shape[1]))
     out: list[ConvConfig] = []
-    for variant, tiles, k in (("direct", _TILES, problem.k), ("padded", _PADDED_TILES, padded_k(problem))):
+    variants: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
+    if problem.x_shape[1] <= MAX_C_IN:
+        variants += [("direct", _TILES, problem.k), ("padded", _PADDED_TILES, padded_k(problem))]
+    if gemm_unsupported(problem) is None:
+        variants.append(("gemm", _GEMM_TILES, problem.k))
+    for variant, tiles, k in variants:
         cap_k = max(16, _pow2_at_least(k))
         for bm, bn, bk, warps, stages in tiles:
             if problem.dtype == "float32" and bk > 32:   # 4-byte tiles: keep shared memory in bounds
@@ -364,14 +438,21 @@ class TritonConv:
         p, e = problem, self.epilogue
         self.out_dtype = dtypes.to_torch(e.out_dtype or p.dtype)
         self.padder: pad.OperandPadder | None = None
-        variant_constexprs = {"PADDED": False, "C_PAD": 1, "K_ROW": 1, "ROW_ALIGN": 1, "A_CONTIG": 1}
+        variant_constexprs = {"PADDED": False, "C_PAD": 1, "K_ROW": 1, "ROW_ALIGN": 1, "A_CONTIG": 1,
+                              "GEMM": False, "ALIGN": 1}
         if self.variant == "padded":
             geom = padded_geometry(p)
             self.padder = pad.OperandPadder(geom, p.w_shape, p.padding, config["BLOCK_K"])
             contiguous = min(config["BLOCK_K"], geom.k_row) if p.dilation[1] == 1 else geom.c_pad
             variant_constexprs = {"PADDED": True, "C_PAD": geom.c_pad, "K_ROW": geom.k_row,
                                   "ROW_ALIGN": geom.row_align(p.stride, p.dilation, config["BLOCK_K"]),
-                                  "A_CONTIG": contiguous}
+                                  "A_CONTIG": contiguous, "GEMM": False, "ALIGN": 1}
+        elif self.variant == "gemm":
+            why = gemm_unsupported(p)
+            if why is not None:
+                raise InvalidValueError(f"{KERNEL_NAME}: config VARIANT='gemm' for a convolution it does not "
+                                        f"apply to: {why}")
+            variant_constexprs = {**variant_constexprs, "GEMM": True, "ALIGN": gemm_align(p)}
         self.constexprs = {
             "C_IN": p.x_shape[1], "C_OUT": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3],
             "STRIDE_H": p.stride[0], "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1],
