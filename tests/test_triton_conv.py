@@ -7,8 +7,8 @@ padded variant's alignment/contiguity hints (which the interpreter ignores) chec
 addresses it computes; both variants among the tuner's candidates; the stem compiled for sm_90
 without a GPU (the padded variant's loads are vectors);
 the gemm variant (1x1 convolutions of any width as a plain GEMM: K, row and column tails, stride 2,
-alignment below 16 bytes, vector loads when compiled for sm_90, offered for wide 1x1 and fused with
-a BN + residual + ReLU epilogue); and the ConvGroup candidate hook: offered for a narrow-channel
+alignment below 16 bytes, vector loads when compiled for sm_90, offered for narrow 1x1 only, fused
+with a BN + residual + ReLU epilogue); and the ConvGroup candidate hook: offered for a narrow-channel
 group on a GPU, not for wide or grouped convolutions (with the FUSEGRAPH_DEBUG reason), and the
 candidate (our conv + the group's epilogue kernel) computes what the plain conv + epilogue path
 computes."""
@@ -411,14 +411,17 @@ def test_candidate_offered_for_narrow_channels_on_a_gpu_only(capsys: pytest.Capt
         grouped = _conv_group(c_in=4, groups=2)
         assert "triton_conv" not in library_candidates(grouped, "cuda", "k_grouped", "float32",
                                                        _epilogue_kernel(grouped))
-        pointwise = single_conv_group((2, 32, 6, 5), (12, 32, 1, 1), padding=0)     # 1x1: the gemm variant
-        assert "triton_conv" in library_candidates(pointwise, "cuda", "k_1x1", "float32", _epilogue_kernel(pointwise))
-        nchw = single_conv_group((2, 32, 6, 5), (12, 32, 1, 1), padding=0, layout=None)
-        assert "triton_conv" not in library_candidates(nchw, "cuda", "k_nchw", "float32", _epilogue_kernel(nchw))
+        pointwise = single_conv_group((2, 32, 6, 5), (12, 32, 1, 1), padding=0)     # wide 1x1: measured slower
+        assert "triton_conv" not in library_candidates(pointwise, "cuda", "k_1x1", "float32",
+                                                       _epilogue_kernel(pointwise))
+        narrow = single_conv_group((2, 16, 6, 5), (12, 16, 1, 1), padding=0)        # narrow 1x1: all three
+        offered = library_candidates(narrow, "cuda", "k_n1x1", "float32", _epilogue_kernel(narrow))
+        variants = {c["VARIANT"] for c in triton_conv.configs(offered["triton_conv"].problem)}
+        assert variants == {"direct", "padded", "gemm"}
     printed = capsys.readouterr().out
-    assert "k_wide: Triton conv not used: C_in=32 > 16" in printed and "(kernel 3x3, not 1x1)" in printed
-    assert "k_nchw: Triton conv not used: C_in=32 > 16" in printed and "not channels-last" in printed
-    assert "k_1x1: Triton conv not used" not in printed
+    assert "k_wide: Triton conv not used: C_in=32 > 16" in printed
+    assert "k_1x1: Triton conv not used: C_in=32 > 16" in printed and "0.51-1.02x cuDNN" in printed
+    assert "k_n1x1: Triton conv not used" not in printed
     assert "k_grouped: Triton conv not used: grouped convolution (groups=2)" in printed
     g = fg.Graph(name="f64")
     x64, w64 = g.tensor((1, 3, 5, 5), dtype="float64", name="x"), g.tensor((4, 3, 3, 3), dtype="float64", name="w")
@@ -487,8 +490,8 @@ def _fused_graph(kind: str, layout: str | None = "NHWC", c_in: int = 3, k: int =
 def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layout: str | None, variant: str) -> None:
     from fusegraph.lower import _example_inputs
 
-    # the gemm variant: a wide (C_in 24 > MAX_C_IN) 1x1 convolution, as ResNet's bottlenecks have
-    group = _fused_graph(kind, layout, c_in=24, k=1) if variant == "gemm" else _fused_graph(kind, layout)
+    # the gemm variant: a 1x1 convolution (C_in 16, alignment 8 elements)
+    group = _fused_graph(kind, layout, c_in=16, k=1) if variant == "gemm" else _fused_graph(kind, layout)
     offered = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))
     fused = offered["triton_conv_fused"]
     assert isinstance(fused, triton_conv.FusedGroupLaunch)
