@@ -100,6 +100,9 @@ def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
         print(plan_details(fn, detail_kinds), flush=True)
 
 
+SKIP: set[str] = set()   # --skip: implementations not run
+
+
 def gpt2_train(rows: int, batch: int) -> None:
     torch.manual_seed(0)
     base = T.LMWithLoss(T.gpt2("full")).cuda()
@@ -110,6 +113,8 @@ def gpt2_train(rows: int, batch: int) -> None:
         ("torch.compile", torch.compile), ("fusegraph", fg.compile),
         ("fusegraph reduce-overhead", lambda m: fg.compile(m, mode="reduce-overhead"))]
     for name, compile_fn in impls:
+        if SKIP and name in SKIP:
+            continue
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         step = T.TrainStep(model, compile_fn(model), ids, targets, torch.bfloat16)
@@ -161,9 +166,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="gpt2_train,llama_decode,resnet50")
     parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--skip", default="", help="comma-separated implementation names not to run (GPT-2), "
+                                                   "e.g. 'fusegraph reduce-overhead'")
     parser.add_argument("--gpt2-batch", type=int, default=8)
     parser.add_argument("--resnet-batch", type=int, default=128)
     args = parser.parse_args()
+    SKIP.update(name.strip() for name in args.skip.split(",") if name.strip())
     T.S.device = "cuda"
     from zoo_models import ensure_torchvision_importable
     ensure_torchvision_importable()
