@@ -5,6 +5,7 @@ float16 / bfloat16."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -222,3 +223,72 @@ def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
     x_t = rand(3, 500) * 4
     x_t[:, 450:] += 10    # the max sits in the last chunk: the running sum must be rescaled
     _run(g, [x_t, torch.tensor([1, 470, 499])], max_row_block=64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
+def test_pow_by_small_integer_literal_is_a_product_with_pow_special_values(dtype: torch.dtype) -> None:
+    """GELU's tanh form (x ** 3) and its gradient (x ** 2) as products in the kernel, not
+    libdevice.pow; a fractional or tensor exponent keeps pow; NaN, +-inf and -0.0 come out as pow's."""
+    g = fg.Graph(name="powers")
+    x, e = g.tensor((4, 37), _dt(dtype), "x"), g.tensor((4, 37), _dt(dtype), "e")
+    for k in (2, 3.0, 4):
+        g.pow(x, k).set_output()
+    g.pow(g.abs(x), 1.5).set_output()
+    g.pow(g.abs(x), e).set_output()
+    plan = g.build()
+    source = "\n".join(k.source for k in plan.kernels)
+    assert source.count("libdevice.pow(") == 2, source      # the 1.5 and the tensor exponent only
+    xs = rand(4, 37, dtype=dtype) * 3
+    xs[0, :5] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0], dtype=dtype)
+    es = rand(4, 37, dtype=dtype)
+    outs, refs = plan(xs, es), fg.reference(g)(xs, es)
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o.isinf(), r.isinf()), k
+        assert torch.equal(torch.signbit(o[0, 1:5]), torch.signbit(r[0, 1:5])), k   # -0.0 ** 3 is -0.0
+        finite = r.isfinite()
+        assert_close(o[finite], r[finite], what=f"output {k}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=_dt)
+@pytest.mark.parametrize("cols,block", [(2100, None), (2100, 1024), (4096, 2048)])
+def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype, cols: int, block: int | None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of >= 2048 columns with a per-row operand (a log-sum-exp) and a scalar (a loss scale), as in
+    a cross-entropy backward: the kernel tiles by rows (per-row and scalar values load once per
+    program), covers one or several blocks per row with a ragged last one, and matches the reference."""
+    import fusegraph.lower as lower
+    from fusegraph.codegen import configs
+
+    seen: list[tuple[Any, list[dict[str, Any]]]] = []
+
+    def candidates(gen: Any, options: Any = None) -> list[dict[str, Any]]:
+        out = configs.candidate_configs(gen, options)
+        seen.append((gen, out))
+        return [{"BLOCK": block, "num_warps": 4}] if block and gen.meta.get("row_tiled") else out
+
+    monkeypatch.setattr(lower, "candidate_configs", candidates)
+    g = fg.Graph(name="row_tiled")
+    x, r = g.tensor((6, cols), _dt(dtype), "x"), g.tensor((6, 1), "float32", "lse")
+    s = g.tensor((), "float32", "scale")
+    g.mul(g.exp(g.sub(x, r)), s).set_output()
+    plan = g.build()
+    (kernel,) = plan.kernels
+    assert "row = pid //" in kernel.source and "tl.load(in1 + row)" in kernel.source, kernel.source
+    assert "tl.load(in2)" in kernel.source                       # the scalar: once per program
+    xs, rs, ss = rand(6, cols, dtype=dtype), rand(6, 1, dtype=torch.float32), torch.tensor(0.37)
+    assert_close(plan(xs, rs, ss), fg.reference(g)(xs, rs, ss), what="row-tiled")
+    ((gen, offered),) = seen
+    assert gen.meta["row_tiled"] == (6, cols) and offered[0]["BLOCK"] == 4096
+    for config in [*offered, {"BLOCK": 1024, "num_warps": 4}]:
+        (grid,), _, _ = configs.launch_parameters(gen, config)
+        assert grid == (6 * -(-cols // config["BLOCK"]),)
+
+
+def test_flat_pointwise_stays_flat_for_narrow_rows_and_plain_layouts() -> None:
+    g = fg.Graph(name="flat")
+    x, r = g.tensor((6, 768), "float32", "x"), g.tensor((6, 1), "float32", "r")
+    g.exp(g.sub(x, r)).set_output()                                  # per-row operand, but rows of 768
+    y = g.tensor((6, 4096), "float32", "y")
+    g.relu(y).set_output()                                           # wide rows, nothing per row or padded
+    plan = g.build()
+    assert all("row = pid //" not in k.source for k in plan.kernels)

@@ -22,6 +22,10 @@ def _cdiv(a: int, b: int) -> int:
 
 def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     options = options or {}
+    if gen.kind == "pointwise" and gen.meta.get("row_tiled"):
+        cols = gen.meta["row_tiled"][1]   # BLOCK columns of one row per program, the widest first
+        blocks = [(4096, 8), (2048, 8), (2048, 4), (1024, 4)]
+        return [{"BLOCK": min(b, next_pow2(cols)), "num_warps": w} for b, w in blocks if b <= next_pow2(cols)]
     if gen.kind == "pointwise":
         cap = max(next_pow2(gen.extent), 16)
         out = [pointwise_heuristic(gen.extent)]
@@ -135,6 +139,9 @@ def launch_parameters(gen: GeneratedKernel,
     warps = int(config.get("num_warps", 4))
     if gen.kind == "pointwise":
         block = int(config["BLOCK"])
+        if gen.meta.get("row_tiled"):
+            rows, cols = gen.meta["row_tiled"]
+            return [(rows * _cdiv(cols, block),)], {"BLOCK": block}, warps
         return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block}, warps
     if gen.meta.get("row_column"):
         consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS")}

@@ -1,4 +1,6 @@
-"""Triton source for a KernelGroup: pointwise kernels over the flattened domain, and reduction
+"""Triton source for a KernelGroup: pointwise kernels over the flattened domain (or, for rows of
+>= ROW_TILE_MIN_COLS with a row-padded store or a per-row operand, over BLOCK-column tiles of one
+row each: per-row values load once as scalars and padded rows store as vectors), and reduction
 kernels over a [kept, reduced] tile (row reductions reduce the tile's contiguous axis, column
 reductions the other), with the whole reduced extent in registers when it fits (SINGLE) and a
 loop over chunks, one pass per sequential reduction, when it does not.
@@ -220,8 +222,14 @@ def _index_vars(shape: tuple[int, ...], dims: tuple[int, ...], linear: str,
     return list(reversed(lines)), names
 
 
+ROW_TILE_MIN_COLS = 2048   # row-tiled pointwise kernels: rows at least this wide (the tail block's waste)
+
+
 class _PointwiseWriter(_Writer):
     def write(self) -> GeneratedKernel:
+        order = self._iteration_order()
+        if self._row_tiled(order):
+            return self._write_row_tiled(order)
         shape = self.domain.shape
         numel = math.prod(shape)
         head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
@@ -231,7 +239,6 @@ class _PointwiseWriter(_Writer):
         self.zero_index = "offs * 0"
         # Walk the domain in the memory order of the output, so stores (and loads laid out like it,
         # e.g. NHWC) stay coalesced; for row-major outputs this is the plain flat index.
-        order = self._iteration_order()
         index_lines, dimvar = _index_vars(shape, order, "offs", "i")
         contiguous = strides_for_order(shape, order)
         needs_index = any(e.kind == "gen" or e.node.op in ("concat", "pad") for e in self.group.entries)
@@ -245,9 +252,12 @@ class _PointwiseWriter(_Writer):
             for line in index_lines:
                 self.emit(line)
         for e in self.group.entries:
-            if e.kind == "load" and self._linear(e, contiguous):
+            linear = e.kind == "load" and self._linear(e, contiguous)
+            if linear or (e.kind == "load" and self._scalar(e)):
+                # a scalar operand (a loss scale, a count) loads once per program as a scalar, so the
+                # math on it (e.g. a division) is not repeated per element; it broadcasts where used
                 ptr = self.ptr[e.node.id]
-                load = f"tl.load({ptr} + offs, mask=mask, other=0)"
+                load = f"tl.load({ptr} + offs, mask=mask, other=0)" if linear else f"tl.load({ptr})"
                 if dtypes.is_float(e.node.dtype):
                     load += ".to(tl.float32)"
                 self.emit(f"{e.key} = {load}")
@@ -271,6 +281,86 @@ class _PointwiseWriter(_Writer):
                 strides = e.node.spec.memory_strides
                 return tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
         return tuple(range(len(shape)))
+
+    def _row_tiled(self, order: tuple[int, ...]) -> bool:
+        """Whether to tile the domain by rows: the innermost dim (in iteration order) is at least
+        ROW_TILE_MIN_COLS wide and a store or load is not the flat index (a row-padded layout, such
+        as a vocab-wide gradient padded to a multiple of 8 for the GEMM after it: flat, its stores
+        break at every row into scalar ones and every element pays a div/mod) or reads one value
+        per row (a per-row gather per element, flat). A program then covers BLOCK columns of one
+        row: per-row operands load once as scalars, stores into padded rows stay vectors."""
+        shape = self.domain.shape
+        if len(order) < 2 or shape[order[-1]] < ROW_TILE_MIN_COLS or math.prod(shape) == shape[order[-1]]:
+            return False
+        if any((e.kind == "gen" and "index_dim_attr" not in get_op(e.node.op).extra) or e.node.op in ("concat", "pad")
+               for e in self.group.entries):
+            return False
+        contiguous = strides_for_order(shape, order)
+        inner = order[-1]
+        if not all(self._inner_contiguous(e, inner) or self._linear(e, contiguous) for e in self.group.stores):
+            return False   # every store walks the row (a per-row output is a reduction's job)
+        padded = [e for e in self.group.stores if not self._linear(e, contiguous)]
+        if padded and not all(self._inner_contiguous(e, inner) for e in padded):
+            return False
+        per_row = [e for e in self.group.entries if e.kind == "load" and not self._scalar(e)
+                   and not any(domain_dim(d) == inner for d in e.emb)]
+        return bool(padded or per_row)
+
+    def _inner_contiguous(self, e: Entry, inner: int) -> bool:
+        """The entry walks the inner domain dim with stride 1."""
+        strides = e.node.spec.memory_strides
+        return any(domain_dim(d) == inner and isinstance(d, int) and strides[k] == 1 for k, d in enumerate(e.emb))
+
+    def _write_row_tiled(self, order: tuple[int, ...]) -> GeneratedKernel:
+        """The domain as R rows of C elements (C the innermost dim in iteration order); program p
+        covers BLOCK columns of row p // cdiv(C, BLOCK). Launch grid: R * cdiv(C, BLOCK)."""
+        shape = self.domain.shape
+        numel = math.prod(shape)
+        inner = order[-1]
+        cols_n = shape[inner]
+        rows_n = numel // cols_n
+        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        self.emit(f"pid = {pid}")
+        self.emit(f"row = pid // (({cols_n} + BLOCK - 1) // BLOCK)")
+        self.emit(f"cols = (pid % (({cols_n} + BLOCK - 1) // BLOCK)) * BLOCK + tl.arange(0, BLOCK)")
+        self.emit(f"mask = cols < {cols_n}")
+        self.emit(f"offs = row * {cols_n} + cols")
+        self.zero_index = "cols * 0"
+        index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
+        dimvar[inner] = "cols"
+        for line in index_lines:
+            self.emit(line)
+        contiguous = strides_for_order(shape, order)
+        for e in self.group.entries:
+            if e.kind == "load" and (self._scalar(e) or not any(domain_dim(d) == inner for d in e.emb)):
+                # one value per row (or per kernel): a scalar load, in range for every program
+                off = "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}"
+                load = f"tl.load({self.ptr[e.node.id]}{off})"
+                if dtypes.is_float(e.node.dtype):
+                    load += ".to(tl.float32)"
+                self.emit(f"{e.key} = {load}")
+                self.expr[e.key] = e.key
+            elif e.kind == "load" and self._linear(e, contiguous):
+                load = f"tl.load({self.ptr[e.node.id]} + offs, mask=mask, other=0)"
+                if dtypes.is_float(e.node.dtype):
+                    load += ".to(tl.float32)"
+                self.emit(f"{e.key} = {load}")
+                self.expr[e.key] = e.key
+            else:
+                self.value(e, "mask", dimvar, 1)
+        for e in self.group.stores:
+            out = self.out_ptr[e.key]
+            off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
+            value = self.expr[e.key]   # a per-row value broadcasts to the row's columns
+            self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)")
+        return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
+                               self.outputs, extent=numel, meta={"row_tiled": (rows_n, cols_n)})
+
+    def _scalar(self, e: Entry) -> bool:
+        """One element read by every program at offset 0 (no index term): a 0-d or all-ones tensor,
+        or one broadcast along every domain dim."""
+        return all(d is None or e.node.shape[k] == 1 for k, d in enumerate(e.emb))
 
     def _linear(self, e: Entry, contiguous: tuple[int, ...]) -> bool:
         """Offset equals the flat index: same shape as the domain, dense in the iteration order."""

@@ -88,12 +88,26 @@ define("cast", _cast_infer, lambda xs, a: xs[0].to(dtypes.to_torch(a["dtype"])),
        doc="Convert to attrs['dtype'] (round to nearest even; saturation is quantize's job).")
 
 
+def _pow_expr(base: str, exponent: str) -> str:
+    """x ** e in Triton: a product of x for a literal integer exponent 1..4 (GELU's tanh form has x ** 3
+    and its gradient x ** 2: libdevice.pow is a log/exp sequence of ~50 instructions with special
+    cases, which made such a kernel compute-bound at a third of HBM speed), libdevice.pow otherwise.
+    Same special values: NaN, +-inf and -0.0 propagate through the product as through pow."""
+    try:
+        value = float(exponent)
+    except ValueError:   # a tensor exponent, or inf/nan spelled as an expression
+        value = float("nan")
+    if value in (1.0, 2.0, 3.0, 4.0):
+        return "(" + " * ".join([base] * int(value)) + ")"
+    return f"libdevice.pow({base}, {exponent})"
+
+
 _BINARY: dict[str, tuple[Any, Any, float, set[str]]] = {
     "add": (torch.add, lambda v, a: f"({v[0]} + {v[1]})", 1, {COMMUTATIVE, ASSOCIATIVE}),
     "sub": (torch.sub, lambda v, a: f"({v[0]} - {v[1]})", 1, set()),
     "mul": (torch.mul, lambda v, a: f"({v[0]} * {v[1]})", 1, {COMMUTATIVE, ASSOCIATIVE}),
     "div": (torch.div, lambda v, a: f"({v[0]} / {v[1]})", 1, set()),
-    "pow": (torch.pow, lambda v, a: f"libdevice.pow({v[0]}, {v[1]})", 4, set()),
+    "pow": (torch.pow, lambda v, a: _pow_expr(v[0], v[1]), 4, set()),
     "maximum": (torch.maximum, lambda v, a: f"tl.maximum({v[0]}, {v[1]})", 1,
                 {COMMUTATIVE, ASSOCIATIVE, IDEMPOTENT}),
     "minimum": (torch.minimum, lambda v, a: f"tl.minimum({v[0]}, {v[1]})", 1,
