@@ -118,3 +118,44 @@ def test_setting_switches_it(on: bool) -> None:
     with override(recompute_saved=not on):
         _, other = train(not on)
     assert (inputs < len(other.graph.inputs)) == on
+
+
+class AutocastMlp(nn.Module):
+    """The tanh GELU as CUDA autocast runs it on a 16-bit GEMM output: pow in fp32 (autocast's fp32
+    list), 16-bit + fp32 promoted to fp32, 0.5 * h in 16 bits; the down projection in 16 bits (fp16
+    here: the interpreter's bf16 dots are wrong)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(rand(16, 64) / 4), nn.Parameter(rand(64, 16) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.w1.to(torch.float16)
+        inner = 0.7978845608028654 * (h + 0.044715 * torch.pow(h.float(), 3.0))
+        g = 0.5 * h * (1.0 + torch.tanh(inner))
+        return (g.to(torch.float16) @ self.w2.to(torch.float16)).float()
+
+
+def test_values_rooted_at_a_gemm_output_are_recomputed_from_it_when_that_saves_bytes() -> None:
+    """Under CUDA autocast the GELU's saved values (x in fp32, tanh and 1 + tanh in fp32, 0.5 * h in
+    bf16: 14 bytes an element) are all pointwise functions of the up projection's bf16 output, which
+    nothing saved: it is saved instead (2 bytes), the forward GELU kernel stores only what the down
+    projection reads, and the backward GELU kernel reads the gradient and h."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutocastMlp()
+    x, proj = rand(2, 32, 16).to(torch.float16), rand(2, 32, 16)
+    eager = AutocastMlp()
+    eager.load_state_dict(model.state_dict())
+    (eager(x) * proj).sum().backward()
+    compiled = fg.compile(model)
+    (compiled(x) * proj).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert_close(p.grad, q.grad, tol=2e-2, what="grad")
+    kernels = {g.kind: [k for part in g.partitions for k in (part.plan.kernels if part.plan else [])]
+               for g in compiled.fusegraph_report.graphs}
+    (fwd,) = [k for k in kernels["forward"] if "tanh" in [n.op for n in k.nodes]]
+    (bwd,) = [k for k in kernels["backward"] if "tanh" in [n.op for n in k.nodes]]
+    assert [n.dtype for n in fwd.outputs] == ["float16"], fwd.outputs        # only the down projection's input
+    assert sorted(n.dtype for n in bwd.inputs) == ["float16", "float32"], bwd.inputs   # h and the gradient

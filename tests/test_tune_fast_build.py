@@ -244,7 +244,7 @@ def test_pointwise_heuristic_config_by_size(extent, block, warps):
     from fusegraph.codegen.configs import candidate_configs, pointwise_heuristic
 
     assert pointwise_heuristic(extent) == {"BLOCK": block, "num_warps": warps}
-    gen = SimpleNamespace(kind="pointwise", extent=extent)
+    gen = SimpleNamespace(kind="pointwise", extent=extent, meta={})
     configs = candidate_configs(gen)  # type: ignore[arg-type]
     assert configs[0] == {"BLOCK": block, "num_warps": warps}             # the untimed pick comes first
     assert len(configs) == len({tuple(sorted(c.items())) for c in configs})   # no duplicate to time

@@ -15,8 +15,14 @@ MAX_CHAIN ops) down to leaves that are saved anyway (a forward value the backwar
 that is not itself recomputed) or are graph inputs, with the leaves' tensors no larger in total than
 v, and only when every backward reader of v is pointwise too (a GEMM would need the recomputed value
 materialized again: GPT-2's GELU output, read by the down projection's weight gradient, stays saved).
+A second kind of recipe walks through saved pointwise values and views down to the non-pointwise
+producers they come from (a GEMM's output, an input): those leaves are saved instead, taken for
+all such recipes at once when the bytes they drop exceed the leaves' bytes. Under CUDA autocast the
+GELU runs pow in fp32, so the saved set is x in fp32, tanh(...) and 1 + tanh(...) in fp32 and
+0.5 * x in bf16, none of them the up projection's bf16 output itself; that output is then the one
+value saved (2 bytes an element instead of 14).
 The backward's uses of v then read a copy of the recipe placed in the backward, so v is no longer
-saved; the partitioner saves the leaves (already saved). Saved bytes only shrink, and our fusion
+saved; the partitioner saves the leaves. Saved bytes only shrink, and our fusion
 folds the recipe into the kernel that reads it. Setting recompute_saved (FUSEGRAPH_RECOMPUTE_SAVED=0)
 turns it off; the min-cut partitioner (setting recompute) does this and more, by its own rules.
 """
@@ -33,7 +39,7 @@ from .loss_rewrite import BACKWARD, backward_nodes
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-MAX_CHAIN = 12   # ops in one recipe
+MAX_CHAIN = 16   # ops in one recipe
 PASS_THROUGH = frozenset({aten.detach.default, aten.alias.default, prims.convert_element_type.default,
                           aten._to_copy.default})
 
@@ -48,12 +54,23 @@ def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
     forward = [n for n in nodes if n not in backward and n.op != "output"]
     read_by_backward = {n for n in forward if any(u in backward for u in n.users)}
     recipes: dict[fx.Node, list[fx.Node]] = {}
+    rooted: dict[fx.Node, list[fx.Node]] = {}
     for value in read_by_backward:
         if not all(_cheap(u) for u in value.users if u in backward):
             continue    # a GEMM (or any non-pointwise op) would need the recomputed value materialized
+        recipe = _recipe(value, read_by_backward, through_saved=True)
+        if recipe is not None:
+            rooted[value] = recipe
         recipe = _recipe(value, read_by_backward)
         if recipe is not None:
             recipes[value] = recipe
+    # Recipes rooted at producers (a GEMM's output, through views), which then become saved instead:
+    # taken together when the values they drop outweigh the new leaves, e.g. GPT-2's GELU under CUDA
+    # autocast saves x in fp32, tanh(.) and 1 + tanh(.) in fp32 and 0.5 * x in bf16 (14 bytes an
+    # element) where the up projection's bf16 output (2 bytes) computes them all.
+    new_leaves = {leaf for r in rooted.values() for leaf in _leaves(r)} - read_by_backward
+    if rooted and sum(map(_nbytes, rooted)) > sum(map(_nbytes, new_leaves)):
+        recipes.update(rooted)
     # a leaf must stay saved: drop recipes whose leaves are themselves being recomputed
     changed = True
     while changed:
@@ -80,9 +97,11 @@ def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
     return len(recipes)
 
 
-def _recipe(value: fx.Node, saved: set[fx.Node]) -> list[fx.Node] | None:
+def _recipe(value: fx.Node, saved: set[fx.Node], through_saved: bool = False) -> list[fx.Node] | None:
     """The ops computing `value` from saved values or inputs, producers first; None when there is none
-    within MAX_CHAIN cheap ops whose tensor leaves are no larger than `value`."""
+    within MAX_CHAIN cheap ops whose tensor leaves are no larger than `value`. `through_saved`: walk
+    through saved cheap values and views too, down to the non-pointwise producers (or inputs) they
+    come from; those leaves may not be saved yet (the caller weighs them)."""
     if not _cheap(value):
         return None
     chain: list[fx.Node] = []
@@ -93,10 +112,17 @@ def _recipe(value: fx.Node, saved: set[fx.Node]) -> list[fx.Node] | None:
         if node in seen:
             return True
         seen.add(node)
-        if node is not value and (node in saved or node.op in ("placeholder", "get_attr")):
+        if node is not value and node.op in ("placeholder", "get_attr"):
             leaves.add(node)
             return True
-        if not _cheap(node) or len(chain) >= MAX_CHAIN:
+        if through_saved:
+            if node is not value and not (_cheap(node) or _view(node)):
+                leaves.add(node)      # a GEMM's (or any producer's) output: recomputed from
+                return True
+        elif node is not value and node in saved:
+            leaves.add(node)
+            return True
+        if not (_cheap(node) or (through_saved and _view(node))) or len(chain) >= MAX_CHAIN:
             return False
         if not all(visit(arg) for arg in node.all_input_nodes):
             return False
@@ -113,6 +139,17 @@ def _recipe(value: fx.Node, saved: set[fx.Node]) -> list[fx.Node] | None:
 def _leaves(recipe: list[fx.Node]) -> set[fx.Node]:
     inside = set(recipe)
     return {arg for op in recipe for arg in op.all_input_nodes if arg not in inside}
+
+
+VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+                   aten.squeeze.dim})
+
+
+def _view(node: fx.Node) -> bool:
+    """A reshaping view (free to redo) with a static-shaped tensor value."""
+    val = node.meta.get("val")
+    return (node.op == "call_function" and node.target in VIEWS and isinstance(val, torch.Tensor)
+            and all(isinstance(s, int) for s in val.shape))
 
 
 def _cheap(node: fx.Node) -> bool:
