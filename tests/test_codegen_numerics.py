@@ -292,3 +292,18 @@ def test_flat_pointwise_stays_flat_for_narrow_rows_and_plain_layouts() -> None:
     g.relu(y).set_output()                                           # wide rows, nothing per row or padded
     plan = g.build()
     assert all("row = pid //" not in k.source for k in plan.kernels)
+
+
+def test_integer_literals_stay_integers_in_int_kernels() -> None:
+    """where(t != -100, t, 0) + 7 on int64 values above 2**24: the literals are spelled as ints, so
+    the int64 operand is not promoted to fp32 (which would round these values)."""
+    g = fg.Graph(name="int_literals")
+    t = g.tensor((3, 50), "int64", "t")
+    g.add(g.where(g.ne(t, -100), t, 0), 7).set_output()
+    plan = g.build()
+    source = "\n".join(k.source for k in plan.kernels)
+    assert "-100.0" not in source and "7.0" not in source, source
+    ts = torch.randint(2**40, 2**41, (3, 50))
+    ts[0, :4] = -100
+    out = plan(ts)
+    assert out.dtype == torch.int64 and torch.equal(out, torch.where(ts != -100, ts, 0) + 7)

@@ -98,6 +98,14 @@ class _Writer:
             opdef = get_op(entry.node.op)
             assert opdef.triton is not None
             text = str(opdef.triton([], entry.node.attrs))
+            value = entry.node.attrs.get("value")
+            if (entry.node.op == "scalar" and (dtypes.is_int(entry.node.dtype) or entry.node.dtype == "bool")
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool) and float(value).is_integer()):
+                # an integer literal meeting an int tensor (a cross-entropy's ignore_index -100, a
+                # where(..., 0)): spelled as a float it promoted the int64 operand to fp32 per element
+                # (a slow conversion, and inexact above 2**24)
+                text = str(int(value))
             self.expr[entry.key] = f"float('{text}')" if text in ("inf", "-inf", "nan") else text
             return
         if entry.kind == "view" or (_is_free_cast(entry.node) and not _narrows(entry.node)):
