@@ -200,3 +200,29 @@ def test_no_fold_when_the_weight_has_batch_dims_or_a_is_transposed() -> None:
     assert fold_batch(transposed_a) is transposed_a
     padded_rows = GemmGeometry((3,), 20, 24, 32, (32, 1), (24, 1), (700,), (0,))   # gaps between entries
     assert fold_batch(padded_rows) is padded_rows
+
+
+def test_tma_allocator_is_set_per_launching_thread() -> None:
+    """Triton's allocator lives in a ContextVar: one set in a worker thread (where a warm build first
+    constructs a GEMM launch) is not the launching thread's. _set_tma_allocator sets it per thread."""
+    import threading
+
+    from triton.runtime import _allocation
+
+    from fusegraph.backends import matmul_kernel
+
+    def in_worker() -> None:
+        matmul_kernel._set_tma_allocator()
+        seen.append(_allocation._allocator.get())
+
+    seen: list[object] = []
+    worker = threading.Thread(target=in_worker)
+    worker.start()
+    worker.join()
+    assert seen == [matmul_kernel._tma_scratch]
+    token = _allocation._allocator.set(_allocation._NULL_ALLOCATOR)   # this thread: none yet
+    try:
+        matmul_kernel._set_tma_allocator()
+        assert _allocation._allocator.get() is matmul_kernel._tma_scratch
+    finally:
+        _allocation._allocator.reset(token)

@@ -112,8 +112,11 @@ class GemmLaunch:
             self.fns[1][self.finish_grid](*args, *outs, ws, **self.finish_constexprs, num_warps=4)
             return self._finish(outs)
         consts = self.constexprs
-        if self.uses_tma and any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
-            consts = dict(consts, USE_TMA=False)
+        if self.uses_tma:
+            if any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
+                consts = dict(consts, USE_TMA=False)
+            elif self.device.type == "cuda":
+                _set_tma_allocator()                   # this thread's (Triton's allocator is per thread)
         self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages)
         return self._finish(outs)
 
@@ -368,21 +371,25 @@ def _tma_available(device: str) -> bool:
     return torch.cuda.get_device_capability(torch.device(device))[0] >= 9
 
 
-_ALLOCATOR_SET = False
+def _tma_scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+    return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
 def _set_tma_allocator() -> None:
-    """Device-side TMA descriptors need scratch memory from an allocator Triton calls at launch."""
-    global _ALLOCATOR_SET
-    if _ALLOCATOR_SET:
-        return
+    """Device-side TMA descriptors need scratch memory from an allocator Triton calls at launch.
+    Triton keeps it in a ContextVar, so it is per thread: set where the kernel is launched, not once
+    per process (a GEMM first built in a precompile worker thread, as on a warm build whose tuning
+    comes from the cache, left the launching thread without one; the compile check then failed and
+    GPT-2's LM-head backward fell back to cuBLAS's align1 kernel, 4.9 ms instead of 0.9)."""
     import triton
 
-    def alloc(size: int, alignment: int, stream: Any) -> torch.Tensor:
-        return torch.empty(size, device="cuda", dtype=torch.int8)
-
-    triton.set_allocator(alloc)
-    _ALLOCATOR_SET = True
+    try:
+        from triton.runtime import _allocation
+        if _allocation._allocator.get() is _tma_scratch:
+            return
+    except (ImportError, AttributeError):   # another Triton layout: just set it
+        pass
+    triton.set_allocator(_tma_scratch)
 
 
 def check_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str,
