@@ -250,12 +250,15 @@ def test_pow_by_small_integer_literal_is_a_product_with_pow_special_values(dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=_dt)
-@pytest.mark.parametrize("cols,block", [(2100, None), (2100, 1024), (4096, 2048)])
+@pytest.mark.parametrize("cols,block,row_tiled", [(2100, None, True), (2100, 1024, True), (4096, 2048, True),
+                                                  (2100, 1024, False)])
 def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype, cols: int, block: int | None,
+                                                               row_tiled: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows of >= 2048 columns with a per-row operand (a log-sum-exp) and a scalar (a loss scale), as in
-    a cross-entropy backward: the kernel tiles by rows (per-row and scalar values load once per
-    program), covers one or several blocks per row with a ragged last one, and matches the reference."""
+    a cross-entropy backward: the kernel holds a row-tiled body (per-row and scalar values load once per
+    program; one or several blocks per row with a ragged last one) and the flat one, chosen by the
+    ROW_TILED knob the tuner times; either matches the reference."""
     import fusegraph.lower as lower
     from fusegraph.codegen import configs
 
@@ -264,7 +267,8 @@ def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype
     def candidates(gen: Any, options: Any = None) -> list[dict[str, Any]]:
         out = configs.candidate_configs(gen, options)
         seen.append((gen, out))
-        return [{"BLOCK": block, "num_warps": 4}] if block and gen.meta.get("row_tiled") else out
+        return [{"BLOCK": block, "num_warps": 4, "ROW_TILED": row_tiled}] if block and gen.meta.get("row_tiled") \
+            else out
 
     monkeypatch.setattr(lower, "candidate_configs", candidates)
     g = fg.Graph(name="row_tiled")
@@ -278,10 +282,13 @@ def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype
     xs, rs, ss = rand(6, cols, dtype=dtype), rand(6, 1, dtype=torch.float32), torch.tensor(0.37)
     assert_close(plan(xs, rs, ss), fg.reference(g)(xs, rs, ss), what="row-tiled")
     ((gen, offered),) = seen
-    assert gen.meta["row_tiled"] == (6, cols) and offered[0]["BLOCK"] == 4096
-    for config in [*offered, {"BLOCK": 1024, "num_warps": 4}]:
-        (grid,), _, _ = configs.launch_parameters(gen, config)
-        assert grid == (6 * -(-cols // config["BLOCK"]),)
+    assert gen.meta["row_tiled"] == (6, cols) and offered[0] == {"BLOCK": 4096, "num_warps": 8, "ROW_TILED": True}
+    assert {c["ROW_TILED"] for c in offered} == {True, False}           # both bodies are tuning candidates
+    for config in [*offered, {"BLOCK": 1024, "num_warps": 4, "ROW_TILED": True}]:
+        (grid,), consts, _ = configs.launch_parameters(gen, config)
+        per_row = -(-cols // config["BLOCK"])
+        assert consts["ROW_TILED"] == config["ROW_TILED"]
+        assert grid == ((6 * per_row,) if config["ROW_TILED"] else (-(-6 * cols // config["BLOCK"]),))
 
 
 def test_flat_pointwise_stays_flat_for_narrow_rows_and_plain_layouts() -> None:

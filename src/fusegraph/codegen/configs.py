@@ -22,10 +22,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     options = options or {}
-    if gen.kind == "pointwise" and gen.meta.get("row_tiled"):
-        cols = gen.meta["row_tiled"][1]   # BLOCK columns of one row per program, the widest first
-        blocks = [(4096, 8), (2048, 8), (2048, 4), (1024, 4)]
-        return [{"BLOCK": min(b, next_pow2(cols)), "num_warps": w} for b, w in blocks if b <= next_pow2(cols)]
     if gen.kind == "pointwise":
         cap = max(next_pow2(gen.extent), 16)
         out = [pointwise_heuristic(gen.extent)]
@@ -33,6 +29,12 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
             cfg = {"BLOCK": min(block, cap), "num_warps": warps if block <= cap else 4}
             if cfg not in out:
                 out.append(cfg)
+        if gen.meta.get("row_tiled"):   # both bodies (triton_gen._write_both): row-tiled first, then flat
+            cols = gen.meta["row_tiled"][1]
+            tiled: list[dict[str, Any]] = [{"BLOCK": b, "num_warps": w, "ROW_TILED": True}
+                                           for b, w in ((4096, 8), (2048, 8), (2048, 4), (1024, 4))
+                                           if b <= next_pow2(cols)]
+            return tiled + [dict(cfg, ROW_TILED=False) for cfg in out]
         return out
     max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
     rows, cols = gen.extent, gen.reduced_extent
@@ -141,7 +143,9 @@ def launch_parameters(gen: GeneratedKernel,
         block = int(config["BLOCK"])
         if gen.meta.get("row_tiled"):
             rows, cols = gen.meta["row_tiled"]
-            return [(rows * _cdiv(cols, block),)], {"BLOCK": block}, warps
+            if bool(config.get("ROW_TILED", True)):
+                return [(rows * _cdiv(cols, block),)], {"BLOCK": block, "ROW_TILED": True}, warps
+            return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block, "ROW_TILED": False}, warps
         return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block}, warps
     if gen.meta.get("row_column"):
         consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "RPP", "SPLITS", "SPLITS_P2", "FROWS")}

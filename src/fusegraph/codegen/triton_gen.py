@@ -1,6 +1,7 @@
-"""Triton source for a KernelGroup: pointwise kernels over the flattened domain (or, for rows of
->= ROW_TILE_MIN_COLS with a row-padded store or a per-row operand, over BLOCK-column tiles of one
-row each: per-row values load once as scalars and padded rows store as vectors), and reduction
+"""Triton source for a KernelGroup: pointwise kernels over the flattened domain (for rows of
+>= ROW_TILE_MIN_COLS with a row-padded store or a per-row operand, also a body over BLOCK-column
+tiles of one row each, chosen by the ROW_TILED knob the autotuner times: per-row values load once
+as scalars and padded rows store as vectors, but an odd row stride makes its loads scalar), and reduction
 kernels over a [kept, reduced] tile (row reductions reduce the tile's contiguous axis, column
 reductions the other), with the whole reduced extent in registers when it fits (SINGLE) and a
 loop over chunks, one pass per sequential reduction, when it does not.
@@ -237,10 +238,33 @@ class _PointwiseWriter(_Writer):
     def write(self) -> GeneratedKernel:
         order = self._iteration_order()
         if self._row_tiled(order):
-            return self._write_row_tiled(order)
+            return self._write_both(order)
+        self._write_flat(order)
+        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
+        return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
+                               self.outputs, extent=math.prod(self.domain.shape))
+
+    def _write_both(self, order: tuple[int, ...]) -> GeneratedKernel:
+        """A kernel with both bodies, chosen by the constexpr ROW_TILED (a tuning knob: the autotuner
+        times both; which wins depends on the operands' alignment and the row width): the row-tiled
+        one, then the flat one."""
+        self._write_row_tiled(order)
+        row_lines, self.lines, self.expr = self.lines, [], {}
+        self._write_flat(order)
+        flat_lines = self.lines
+        shape = self.domain.shape
+        numel, cols_n = math.prod(shape), shape[order[-1]]
+        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK', 'ROW_TILED'])}):",
+                f"    # ROW_TILED: program p covers BLOCK columns of row p // cdiv({cols_n}, BLOCK); "
+                "else BLOCK elements of the flat domain",
+                "    if ROW_TILED:"]
+        body = ["    " + line for line in row_lines] + ["    else:"] + ["    " + line for line in flat_lines]
+        return GeneratedKernel(self.name, self.module(head + body), "pointwise", self.inputs, self.outputs,
+                               extent=numel, meta={"row_tiled": (numel // cols_n, cols_n)})
+
+    def _write_flat(self, order: tuple[int, ...]) -> None:
         shape = self.domain.shape
         numel = math.prod(shape)
-        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
         self.emit(f"mask = offs < {numel}")
@@ -278,8 +302,6 @@ class _PointwiseWriter(_Writer):
                 self.emit(f"tl.store({out} + offs, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
             else:
                 self.store(e, "mask", dimvar, 1)
-        return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
-                               self.outputs, extent=numel)
 
     def _iteration_order(self) -> tuple[int, ...]:
         """Dims outermost-first by the first full-size store's memory strides (row-major on ties)."""
@@ -319,15 +341,13 @@ class _PointwiseWriter(_Writer):
         strides = e.node.spec.memory_strides
         return any(domain_dim(d) == inner and isinstance(d, int) and strides[k] == 1 for k, d in enumerate(e.emb))
 
-    def _write_row_tiled(self, order: tuple[int, ...]) -> GeneratedKernel:
+    def _write_row_tiled(self, order: tuple[int, ...]) -> None:
         """The domain as R rows of C elements (C the innermost dim in iteration order); program p
-        covers BLOCK columns of row p // cdiv(C, BLOCK). Launch grid: R * cdiv(C, BLOCK)."""
+        covers BLOCK columns of row p // cdiv(C, BLOCK). Launch grid: R * cdiv(C, BLOCK). Emits the
+        body only (see _write_both)."""
         shape = self.domain.shape
-        numel = math.prod(shape)
         inner = order[-1]
         cols_n = shape[inner]
-        rows_n = numel // cols_n
-        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"pid = {pid}")
         self.emit(f"row = pid // (({cols_n} + BLOCK - 1) // BLOCK)")
@@ -362,8 +382,6 @@ class _PointwiseWriter(_Writer):
             off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
             value = self.expr[e.key]   # a per-row value broadcasts to the row's columns
             self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)")
-        return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
-                               self.outputs, extent=numel, meta={"row_tiled": (rows_n, cols_n)})
 
     def _scalar(self, e: Entry) -> bool:
         """One element read by every program at offset 0 (no index term): a 0-d or all-ones tensor,
