@@ -288,12 +288,7 @@ class _PointwiseWriter(_Writer):
             if linear or (e.kind == "load" and self._scalar(e)):
                 # a scalar operand (a loss scale, a count) loads once per program as a scalar, so the
                 # math on it (e.g. a division) is not repeated per element; it broadcasts where used
-                ptr = self.ptr[e.node.id]
-                load = f"tl.load({ptr} + offs, mask=mask, other=0)" if linear else f"tl.load({ptr})"
-                if dtypes.is_float(e.node.dtype):
-                    load += ".to(tl.float32)"
-                self.emit(f"{e.key} = {load}")
-                self.expr[e.key] = e.key
+                self._plain_load(e, " + offs, mask=mask, other=0" if linear else "")
             else:
                 self.value(e, "mask", dimvar, 1)
         for e in self.group.stores:
@@ -363,18 +358,9 @@ class _PointwiseWriter(_Writer):
         for e in self.group.entries:
             if e.kind == "load" and (self._scalar(e) or not any(domain_dim(d) == inner for d in e.emb)):
                 # one value per row (or per kernel): a scalar load, in range for every program
-                off = "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}"
-                load = f"tl.load({self.ptr[e.node.id]}{off})"
-                if dtypes.is_float(e.node.dtype):
-                    load += ".to(tl.float32)"
-                self.emit(f"{e.key} = {load}")
-                self.expr[e.key] = e.key
+                self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
             elif e.kind == "load" and self._linear(e, contiguous):
-                load = f"tl.load({self.ptr[e.node.id]} + offs, mask=mask, other=0)"
-                if dtypes.is_float(e.node.dtype):
-                    load += ".to(tl.float32)"
-                self.emit(f"{e.key} = {load}")
-                self.expr[e.key] = e.key
+                self._plain_load(e, " + offs, mask=mask, other=0")
             else:
                 self.value(e, "mask", dimvar, 1)
         for e in self.group.stores:
@@ -382,6 +368,14 @@ class _PointwiseWriter(_Writer):
             off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
             value = self.expr[e.key]   # a per-row value broadcasts to the row's columns
             self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)")
+
+    def _plain_load(self, e: Entry, rest: str) -> None:
+        """`e = tl.load(ptr{rest})`, upcast to fp32 for floats."""
+        load = f"tl.load({self.ptr[e.node.id]}{rest})"
+        if dtypes.is_float(e.node.dtype):
+            load += ".to(tl.float32)"
+        self.emit(f"{e.key} = {load}")
+        self.expr[e.key] = e.key
 
     def _scalar(self, e: Entry) -> bool:
         """One element read by every program at offset 0 (no index term): a 0-d or all-ones tensor,
