@@ -111,7 +111,8 @@ _register("recompute", bool, lambda: False,
           "our plans on the H200 GPT-2 step); off: save every intermediate the backward reads.")
 _register("recompute_saved", bool, lambda: True,
           "Training graphs: pointwise values the backward reads are recomputed there from a value it saves "
-          "anyway, instead of being saved (frontends/saved_recompute.py; e.g. GPT-2's GELU saves x, not x and "
+          "anyway, or from the producer (e.g. a GEMM output) they all come from when saving it takes fewer "
+          "bytes, instead of being saved (frontends/saved_recompute.py; e.g. GPT-2's GELU saves x, not x and "
           "three functions of it); off: the default partitioner's choice.")
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
