@@ -375,20 +375,29 @@ def _tma_scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
+def _allocator_var() -> Any:
+    """Triton's ContextVar holding the launch allocator (None in a Triton without one)."""
+    try:
+        from triton.runtime import _allocation
+        return _allocation._allocator
+    except (ImportError, AttributeError):
+        return None
+
+
+_ALLOCATOR = _allocator_var()
+
+
 def _set_tma_allocator() -> None:
     """Device-side TMA descriptors need scratch memory from an allocator Triton calls at launch.
     Triton keeps it in a ContextVar, so it is per thread: set where the kernel is launched, not once
     per process (a GEMM first built in a precompile worker thread, as on a warm build whose tuning
     comes from the cache, left the launching thread without one; the compile check then failed and
-    GPT-2's LM-head backward fell back to cuBLAS's align1 kernel, 4.9 ms instead of 0.9)."""
+    GPT-2's LM-head backward fell back to cuBLAS's align1 kernel, 4.9 ms instead of 0.9). Per call:
+    one ContextVar read."""
+    if _ALLOCATOR is not None and _ALLOCATOR.get() is _tma_scratch:
+        return
     import triton
 
-    try:
-        from triton.runtime import _allocation
-        if _allocation._allocator.get() is _tma_scratch:
-            return
-    except (ImportError, AttributeError):   # another Triton layout: just set it
-        pass
     triton.set_allocator(_tma_scratch)
 
 

@@ -325,8 +325,6 @@ class _PointwiseWriter(_Writer):
         if not all(self._inner_contiguous(e, inner) or self._linear(e, contiguous) for e in self.group.stores):
             return False   # every store walks the row (a per-row output is a reduction's job)
         padded = [e for e in self.group.stores if not self._linear(e, contiguous)]
-        if padded and not all(self._inner_contiguous(e, inner) for e in padded):
-            return False
         per_row = [e for e in self.group.entries if e.kind == "load" and not self._scalar(e)
                    and not any(domain_dim(d) == inner for d in e.emb)]
         return bool(padded or per_row)

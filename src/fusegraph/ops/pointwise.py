@@ -90,9 +90,10 @@ define("cast", _cast_infer, lambda xs, a: xs[0].to(dtypes.to_torch(a["dtype"])),
 
 def _pow_expr(base: str, exponent: str) -> str:
     """x ** e in Triton: a product of x for a literal integer exponent 1..4 (GELU's tanh form has x ** 3
-    and its gradient x ** 2: libdevice.pow is a log/exp sequence of ~50 instructions with special
-    cases, which made such a kernel compute-bound at a third of HBM speed), libdevice.pow otherwise.
-    Same special values: NaN, +-inf and -0.0 propagate through the product as through pow."""
+    and its gradient x ** 2; libdevice.pow is a log/exp sequence with special cases, many instructions
+    per element. In GPT-2's GELU kernels the difference did not show on the H200: they were bound by
+    their bytes), libdevice.pow otherwise. Same special values: NaN, +-inf and -0.0 propagate through
+    the product as through pow."""
     try:
         value = float(exponent)
     except ValueError:   # a tensor exponent, or inf/nan spelled as an expression
