@@ -16,6 +16,7 @@ import copy
 import io
 import os
 import sys
+import time
 from collections.abc import Callable
 from contextlib import redirect_stdout
 from typing import Any
@@ -88,13 +89,55 @@ def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
-            detail_kinds: tuple[str, ...] = ("matmul", "attention", "convolution")) -> None:
+def range_table(fn: Callable[[], Any], rows: int) -> str:
+    """One call's CUDA kernels and memcpys attributed to the fusegraph plan kernel or partition that
+    issued them (the innermost 'fg:' torch.profiler range: plans built with settings.profile_ranges),
+    "outside fusegraph" when none (autograd's AccumulateGrad, the optimizer): grouped by (range kind,
+    device kernel name), longest total first."""
     fn()
     torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups: dict[tuple[str, str], list[float]] = {}
+    for ev in prof.events():
+        if not ev.kernels:
+            continue
+        owner, node = "outside fusegraph", ev
+        while node is not None:
+            if node.name.startswith("fg:"):
+                kind, _, name = node.name[3:].partition(":")
+                # a plan kernel's range by kind (its name without the fg_k<N>_ prefix), a partition's as glue
+                owner = f"{kind}:{name.split('_', 2)[-1]}" if kind != "partition" else "partition glue"
+                break
+            node = node.cpu_parent
+        via = "" if ev.name.startswith("fg:") else f" via {ev.name}"
+        for kernel in ev.kernels:
+            entry = groups.setdefault((owner, kernel.name[:70] + via[:40]), [0, 0.0])
+            entry[0] += 1
+            entry[1] += kernel.duration
+    lines = [f"   device work by issuing plan kernel: {sum(v[0] for v in groups.values())} launches"]
+    for (owner, name), (count, us) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:rows]:
+        lines.append(f"   {us / 1e3:8.3f} ms {count:5d}x  {owner[:40]:40s} {name}")
+    return "\n".join(lines)
+
+
+RANGES = False   # --ranges: also attribute each CUDA kernel / memcpy to the plan kernel that issued it
+
+
+def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
+            detail_kinds: tuple[str, ...] = ("matmul", "attention", "convolution")) -> None:
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - start
     ms = device_time(fn, calls=20, repeats=3, graph=False).ms
-    print(f"\n-- {name}: device {ms:.3f} ms per call (back-to-back)", flush=True)
+    print(f"\n-- {name}: device {ms:.3f} ms per call (back-to-back); first call (compile) {first_s:.1f} s",
+          flush=True)
     print(kernel_table(fn, rows), flush=True)
+    if with_plan and RANGES:
+        print(range_table(fn, rows), flush=True)
     if with_plan:
         print(plan_kernels(fn), flush=True)
         print(plan_details(fn, detail_kinds), flush=True)
@@ -148,9 +191,13 @@ def llama_decode(rows: int) -> None:
 def resnet50(rows: int, batch: int) -> None:
     base = T.resnet50("full").eval().cuda()
     for fmt_name, fmt in (("channels_last", torch.channels_last), ("NCHW", torch.contiguous_format)):
+        if fmt_name in SKIP:
+            continue
         x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=fmt)
         print(f"\n== ResNet-50 inference batch {batch} bf16 {fmt_name}")
         for name, compile_fn in (("torch.compile", torch.compile), ("fusegraph", fg.compile)):
+            if name in SKIP:
+                continue
             torch._dynamo.reset()
             model = copy.deepcopy(base).to(dtype=torch.bfloat16, memory_format=fmt)  # type: ignore[call-overload]
             compiled = compile_fn(model)
@@ -166,11 +213,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="gpt2_train,llama_decode,resnet50")
     parser.add_argument("--rows", type=int, default=25)
-    parser.add_argument("--skip", default="", help="comma-separated implementation names not to run (GPT-2), "
-                                                   "e.g. 'fusegraph reduce-overhead'")
+    parser.add_argument("--skip", default="", help="comma-separated implementation names not to run, "
+                                                   "e.g. 'fusegraph reduce-overhead', or ResNet's 'NCHW'")
     parser.add_argument("--gpt2-batch", type=int, default=8)
     parser.add_argument("--resnet-batch", type=int, default=128)
+    parser.add_argument("--ranges", action="store_true",
+                        help="build plans with profile ranges (settings.profile_ranges) and attribute each CUDA "
+                             "kernel and memcpy of one fusegraph call to the plan kernel that issued it")
     args = parser.parse_args()
+    global RANGES
+    RANGES = args.ranges
+    if RANGES:
+        os.environ["FUSEGRAPH_PROFILE_RANGES"] = "1"
     SKIP.update(name.strip() for name in args.skip.split(",") if name.strip())
     T.S.device = "cuda"
     from zoo_models import ensure_torchvision_importable

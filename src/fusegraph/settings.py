@@ -127,6 +127,10 @@ _register("tune_heuristic_floor_us", int, lambda: 50,
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
           "profile is also kept as plan.build_profile and shown by plan.explain().")
+_register("profile_ranges", bool, lambda: False,
+          "Plans built with this on name every launch in torch.profiler traces: each kernel runs inside a "
+          "record_function range 'fg:<kind>:<kernel>' and each torch.compile partition inside 'fg:partition:<name>', "
+          "so a trace shows which plan kernel issued each CUDA kernel or memcpy (costs host time per launch).")
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")

@@ -226,6 +226,8 @@ class CompiledPartition(torch.nn.Module):
         self._device: torch.device | None = None
         self._views: list[tuple[int, list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]] = []
         self._out_vals: list[Any] = []
+        # settings.profile_ranges: the partition's calls show as one torch.profiler range
+        self._range = f"fg:partition:{record.name}" if settings.profile_ranges else None
         try:
             self._build(input_vals, build_options)
             kernels: list[Any] = self.plan.kernels if self.plan is not None else []
@@ -346,6 +348,12 @@ class CompiledPartition(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":
             return self.eager(*args)
+        if self._range is not None:
+            with torch.profiler.record_function(self._range):
+                return self._run(args)
+        return self._run(args)
+
+    def _run(self, args: Sequence[Any]) -> Any:
         try:
             plan_args = [args[i].to(device=self._device, non_blocking=True) if i in self._to_device else args[i]
                          for i in self._plan_inputs]

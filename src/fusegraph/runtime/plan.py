@@ -17,6 +17,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.printer import format_plan
 from ..ir.spec import TensorSpec, contiguous_strides
+from ..settings import settings
 from .cuda_graph import GraphDecision, GraphRunner, check_graph_outputs, decide, log
 from .guards import check_inputs, resolve_feeds
 from .kernel import Kernel
@@ -104,10 +105,18 @@ class Plan:
         n_in = len(self._expect)
         lines, env = self._guard_source()
         env = dict(env)
+        ranges = settings.profile_ranges
+        if ranges:
+            env["RANGE"] = torch.profiler.record_function
         for k, (launch, ins, outs, frees) in enumerate(self._steps):
             env[f"L{k}"] = launch
             args = "".join(f"s{i}, " for i in ins)
-            lines.append(f"    {''.join(f's{o}, ' for o in outs)}= L{k}(({args}))")
+            call = f"{''.join(f's{o}, ' for o in outs)}= L{k}(({args}))"
+            if ranges:
+                kernel = self._schedule[k][0]
+                lines += [f"    with RANGE({f'fg:{kernel.kind}:{kernel.name}'!r}):", f"        {call}"]
+            else:
+                lines.append(f"    {call}")
             lines += [f"    s{i} = None" for i in frees]
         seen: set[int] = {o for kernel, _, outs in self._schedule if kernel.kind == "constant" for o in outs}
         results = []   # inputs, repeated outputs and build-time constants are copied
