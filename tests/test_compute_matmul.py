@@ -125,6 +125,57 @@ def test_cublas_candidate_matches_reference() -> None:
     assert_close(got, torch.relu(torch.nn.functional.linear(*tensors)))
 
 
+def _linear_group(bias_dtype: str, extra: str = "") -> tuple[MatmulGroup, Any]:
+    g = fg.Graph(name="own", compute_dtype="float32")
+    x = g.tensor((24, 16), dtype="float16", name="x")    # fp16: the interpreter's bf16 tl.dot is wrong
+    w = g.tensor((16, 40), dtype="float16", name="w")
+    b = g.tensor((40,), dtype=bias_dtype, name="b")
+    bias = b if bias_dtype == "float16" else g.cast(b, "float16")
+    y = g.add(g.matmul(x, w), bias)
+    if extra == "relu":
+        y = g.relu(y)
+    y.set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert len(items) == 1 and isinstance(items[0], MatmulGroup)
+    return items[0], plan
+
+
+@pytest.mark.parametrize("bias_dtype", ["float16", "float32"])
+def test_cublas_computes_a_bias_epilogue_itself(bias_dtype: str) -> None:
+    """matmul + bias (the bias cast to 16 bits first, as autocast writes a linear layer) is one addmm:
+    the cuBLAS candidate needs no second launch, and matches the graph's reference."""
+    group, plan = _linear_group(bias_dtype)
+    own = cublas.own_epilogue(group, "cpu")
+    assert own is not None and own.kind == "bias" and own.cast_bias == (bias_dtype == "float32")
+    assert "addmm" in cublas.describe(group, own)
+    x, w = torch.randn(24, 16).half(), torch.randn(16, 40).half()
+    b = torch.randn(40).to(getattr(torch, bias_dtype))
+    by_name = {"x": x, "w": w, "b": b}
+
+    def no_epilogue(args: Any) -> Any:
+        raise AssertionError("the epilogue must not run")
+
+    got = cublas.cublas_launch(group, no_epilogue, own=own)([by_name[n.name] for n in group.inputs])[0]
+    want = plan.run([by_name[n.name] for n in plan.graph.inputs])[0]
+    assert got.dtype == torch.float16 and got.shape == (24, 40)
+    assert_close(got, want, what="addmm vs reference")
+
+
+def test_cublas_own_epilogue_only_for_its_forms() -> None:
+    group, _ = _linear_group("float16", extra="relu")   # bias then relu: cuBLAS + our epilogue kernel
+    assert cublas.own_epilogue(group, "cpu") is None
+    g = fg.Graph(name="cast", compute_dtype="float32")
+    x = g.tensor((24, 16), dtype="bfloat16", name="x")
+    w = g.tensor((16, 40), dtype="bfloat16", name="w")
+    g.cast(g.matmul(x, w), "float32").set_output()
+    plan = g.build(device="cpu")
+    group = claim_epilogues(partition_graph(plan.graph).items, plan.graph)[0]
+    assert isinstance(group, MatmulGroup)
+    cpu_out_dtype = cublas.out_dtype_supported("cpu")   # torch's CPU mm has no out_dtype (2.13)
+    assert (cublas.own_epilogue(group, "cpu") is not None) == cpu_out_dtype
+
+
 def test_check_same_rejects_a_wrong_candidate() -> None:
     from fusegraph.backends.matmul_kernel import check_same
 

@@ -1,6 +1,8 @@
 """cuBLAS through torch: a matmul in the operands' own dtype (fp32 accumulation inside cuBLAS),
 then the group's epilogue as a separate launch (our generated pointwise kernel, or its torch
 reference off the GPU). A candidate of the matmul kernel like any Triton config, not a fallback.
+Two epilogues cuBLAS computes itself, in the same launch (OwnEpilogue): a bias vector (addmm, as
+eager PyTorch and Inductor run a linear layer) and a cast of a 16-bit product to fp32.
 
 Operands go to torch as they are (strided views: a padded row stride, passes/pad_align.py, reaches
 cuBLAS as its leading dimension; nothing here calls .contiguous() on them), and a product whose spec
@@ -10,11 +12,13 @@ has non-contiguous strides (a padded row) is written into a buffer of those stri
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..fusion.epilogue import MatmulGroup
+from ..ir import dtypes
 from ..ir.spec import contiguous_strides
 from ..ops.linalg import exact_fp32_matmul
 from ..runtime.kernel import in_strides
@@ -49,11 +53,76 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool,
     return in_strides(torch_matmul(a, b, trans_a, trans_b), strides)
 
 
-def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Sequence[LaunchFn] = ()) -> LaunchFn:
+@dataclass(frozen=True)
+class OwnEpilogue:
+    """An epilogue cuBLAS computes itself, so the candidate is one launch: `kind` "bias" (the product
+    plus a per-column vector: torch.addmm, cuBLASLt's bias epilogue; `cast_bias` when the graph casts
+    the vector to the product's dtype first) or "fp32" (the 16-bit product cast to fp32: torch.mm with
+    out_dtype, cuBLAS writing fp32 from its fp32 accumulator). Both round once where the graph rounds
+    the product to 16 bits first: they differ from it by at most that rounding."""
+
+    kind: str
+    bias: int = -1              # position of the vector in group.inputs ("bias")
+    cast_bias: bool = False
+
+
+def own_epilogue(group: MatmulGroup, device: str) -> OwnEpilogue | None:
+    """The form of `group`'s epilogue cuBLAS can compute itself, or None: a 2-D 16-bit product whose
+    whole epilogue is `+ bias[N]` (the bias possibly cast to the product's dtype) or one cast to fp32,
+    stored row-major, with no claimed reductions. "fp32" only where torch's cuBLAS takes out_dtype."""
+    mm = group.matmul
+    nodes = group.epilogue_nodes
+    outs = group.outputs
+    if (group.reductions or len(outs) != 1 or mm.dtype not in ("bfloat16", "float16") or len(mm.shape) != 2
+            or any(len(i.shape) != 2 for i in mm.inputs[:2]) or mm.inputs[0].dtype != mm.inputs[1].dtype
+            or tuple(outs[0].spec.memory_strides) != contiguous_strides(outs[0].shape)):
+        return None
+    out = outs[0]
+    if len(nodes) == 1 and nodes[0].op == "cast" and nodes[0].inputs[0].id == mm.id and out.dtype == "float32":
+        return OwnEpilogue("fp32") if out_dtype_supported(device) else None
+    if not nodes or nodes[-1].op != "add" or out.id != nodes[-1].id or out.dtype != mm.dtype or nodes[-1].attrs:
+        return None
+    add = nodes[-1]
+    others = [i for i in add.inputs if i.id != mm.id]
+    if len(others) != 1 or len(add.inputs) != 2:
+        return None
+    vec, cast = others[0], False
+    if len(nodes) == 2:
+        if nodes[0].id != vec.id or vec.op != "cast" or vec.dtype != mm.dtype:
+            return None
+        vec, cast = vec.inputs[0], True
+    elif len(nodes) != 1 or vec.dtype != mm.dtype:
+        return None
+    n = mm.shape[1]
+    positions = {node.id: k for k, node in enumerate(group.inputs)}
+    if vec.id not in positions or tuple(vec.shape) not in ((n,), (1, n)):
+        return None
+    return OwnEpilogue("bias", positions[vec.id], cast)
+
+
+_OUT_DTYPE: dict[str, bool] = {}
+
+
+def out_dtype_supported(device: str) -> bool:
+    """Whether torch.mm(bf16, bf16, out_dtype=float32) runs on `device` (CUDA builds of recent torch)."""
+    if device not in _OUT_DTYPE:
+        try:
+            a = torch.ones((8, 8), dtype=torch.bfloat16, device=device)
+            _OUT_DTYPE[device] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            _OUT_DTYPE[device] = False
+    return _OUT_DTYPE[device]
+
+
+def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Sequence[LaunchFn] = (),
+                  own: OwnEpilogue | None = None) -> LaunchFn:
     """Launch function over `group.inputs`: torch.matmul, then `epilogue` (None: the product is
     the only output), then one launch per claimed reduction of the product (`group.reductions`, e.g.
-    an amax), whose results follow the epilogue's."""
+    an amax), whose results follow the epilogue's. With `own` (own_epilogue(group)), one cuBLAS call
+    computes the epilogue too and `epilogue` is not used."""
     mm = group.matmul
+    if own is not None:
+        return _own_launch(group, own)
     positions = {n.id: k for k, n in enumerate(group.inputs)}
     ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
     ta, tb = bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False))
@@ -79,11 +148,38 @@ def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Seq
     return launch
 
 
-def describe(group: MatmulGroup) -> str:
+def _own_launch(group: MatmulGroup, own: OwnEpilogue) -> LaunchFn:
+    mm = group.matmul
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
+    ta, tb = bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False))
+    n = mm.shape[1]
+
+    if own.kind == "fp32":
+        def launch_fp32(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            lhs = args[ia].t() if ta else args[ia]
+            rhs = args[ib].t() if tb else args[ib]
+            return [torch.mm(lhs, rhs, out_dtype=torch.float32)]
+        return launch_fp32
+
+    dtype = dtypes.to_torch(mm.dtype)
+
+    def launch_bias(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lhs = args[ia].t() if ta else args[ia]
+        rhs = args[ib].t() if tb else args[ib]
+        bias = args[own.bias].reshape(n)
+        return [torch.addmm(bias.to(dtype) if own.cast_bias else bias, lhs, rhs)]
+    return launch_bias
+
+
+def describe(group: MatmulGroup, own: OwnEpilogue | None = None) -> str:
     mm = group.matmul
     ops = "+".join(n.op for n in group.epilogue_nodes) or "none"
-    return (f"# cuBLAS via torch.matmul(trans_a={mm.attrs.get('trans_a', False)}, "
-            f"trans_b={mm.attrs.get('trans_b', False)}), epilogue: {ops}")
+    call = {None: "torch.matmul", "bias": "torch.addmm (the bias in cuBLASLt's epilogue)",
+            "fp32": "torch.mm(out_dtype=float32)"}[None if own is None else own.kind]
+    return (f"# cuBLAS via {call}(trans_a={mm.attrs.get('trans_a', False)}, "
+            f"trans_b={mm.attrs.get('trans_b', False)}), epilogue: {ops}"
+            + (" (computed by cuBLAS)" if own is not None else ""))
 
 
 _ = Any

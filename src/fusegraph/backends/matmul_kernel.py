@@ -151,13 +151,15 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
     epilogue = None if identity else _LazyEpilogue(group, name, compute_dtype, device, options)
     reductions = [_LazyEpilogue(group, name, compute_dtype, device, options, r, f"amax{k}")
                   for k, r in enumerate(group.reductions)]
-    library = cublas.cublas_launch(group, epilogue, reductions)
+    # cuBLAS computing a bias or fp32-cast epilogue itself (one launch, as eager runs a linear layer)
+    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
+    library = cublas.cublas_launch(group, epilogue, reductions, own)
     kernel = Kernel(name=name, kind="matmul", backend="cublas", nodes=tuple(group.nodes),
                     inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
-                    source=cublas.describe(group))
+                    source=cublas.describe(group, own))
     kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch,
-                            options.get("gemm_variant"))
-    if kernel.backend == "cublas" and device.startswith("cuda"):
+                            options.get("gemm_variant"), own)
+    if kernel.backend == "cublas" and device.startswith("cuda") and own is None:
         for part in ([epilogue] if epilogue is not None else []) + reductions:
             part.build()  # generated and compiled now, not at the first call (or in a CUDA-graph capture)
     kernel.tuning = dict(kernel.tuning or {"source": "default", "seconds": 0.0, "candidates": 1},
@@ -166,10 +168,13 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 
 
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
-                   library: Any, reference_launch: Any, variant: str | None = None) -> Kernel:
+                   library: Any, reference_launch: Any, variant: str | None = None,
+                   own: cublas.OwnEpilogue | None = None) -> Kernel:
     """`variant` (build option gemm_variant: "tiled", "persistent" or "splitk"): only that kind's
-    candidates (and cuBLAS) are considered; none of that kind: the usual candidates."""
-    identity = not group.epilogue_nodes
+    candidates (and cuBLAS) are considered; none of that kind: the usual candidates. `own`: the
+    epilogue cuBLAS computes itself (the library candidate is one launch)."""
+    identity = not group.epilogue_nodes or own is not None
+    described = cublas.describe(group, own)
     why = gemm_supported(group)
     if why is not None:
         kernel.note = f"cuBLAS only: {why}"
@@ -193,19 +198,20 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
     try:
         fn = load_triton_function(gen.source, name)
     except Exception as err:  # codegen must never take the plan down
-        kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
+        kernel.backend, kernel.source, kernel.config = "cublas", described, {"backend": "cublas"}
         kernel.note = f"Triton GEMM failed to load ({type(err).__name__}: {err}); cuBLAS"
         _debug(name, kernel.note)
         return kernel
-    choice = _choose(kernel, gen, fn, configs, library, device)
+    choice = _choose(kernel, gen, fn, configs, library, device, own)
     if choice.get("backend") == "cublas":
-        kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), dict(choice)
+        kernel.backend, kernel.source, kernel.config = "cublas", described, dict(choice)
         timed = (kernel.tuning or {}).get("source") in ("tuned", "cache", "memo")
         failed = (kernel.tuning or {}).get("failed", [])
         why = "cuBLAS was faster for this shape" if timed else "cuBLAS: the untimed pick for exact fp32"
         if failed and len(failed) >= (kernel.tuning or {}).get("candidates", 0) - 1:
             why = f"cuBLAS: every Triton candidate failed ({len(failed)}; first: {failed[0]})"
-        kernel.note = why + ("" if identity else " (epilogue as a second launch)")
+        kernel.note = why + ("" if identity else " (epilogue as a second launch)") + \
+            (f" (its {own.kind} epilogue in the same call)" if own is not None else "")
         return kernel
     launch = GemmLaunch(fn, gen, choice, device)
     kernel.source = gen.source_of(launch.variant)
@@ -217,7 +223,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
                 reference = _reference_group_launch(group, compute_dtype, reference_launch)  # no compile
                 check_same(got, reference(example), f"{name} {choice}", dtypes.itemsize(group.matmul.dtype) <= 2)
         except Exception as err:
-            kernel.backend, kernel.source, kernel.config = "cublas", cublas.describe(group), {"backend": "cublas"}
+            kernel.backend, kernel.source, kernel.config = "cublas", described, {"backend": "cublas"}
             kernel.note = f"Triton GEMM failed to compile or check ({type(err).__name__}: {str(err)[:200]}); cuBLAS"
             _debug(name, kernel.note)
             return kernel
@@ -227,7 +233,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
 
 
 def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]], library: Any,
-            device: str) -> dict[str, Any]:
+            device: str, own: cublas.OwnEpilogue | None = None) -> dict[str, Any]:
     """The config to run, by the autotuner (recorded in kernel.tuning). Triton candidates are checked
     once against cuBLAS's result (one run each, the baseline computed once) before they are timed."""
     from ..tune import Config, bench_ms, tune
@@ -256,7 +262,7 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         compile_in_parallel([job for c in kept if c["backend"] == "triton"
                              for job in GemmLaunch(fn, gen, dict(c.values), device).warmup_jobs(args)])
 
-    key = _tune_key(gen, device)
+    key = _tune_key(gen, device, own)
     floor = floor_ms_of(kernel)
     if _paired(floor):  # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
         candidates = [candidates[0], next(c for c in candidates if c["backend"] == "cublas")]
@@ -291,7 +297,8 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] 
     if not settings.autotune or launch_bound(floor_ms_of(shape)):
         configs = [] if _exact_fp32(gen) else configs[:1]   # the untimed pick: cuBLAS for exact fp32
     else:
-        known = cached_choice(name, _tune_key(gen, device), _candidates(configs, gen))
+        own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
+        known = cached_choice(name, _tune_key(gen, device, own), _candidates(configs, gen))
         if known is not None:
             configs = [] if known["backend"] == "cublas" else [{a: v for a, v in known.items() if a != "backend"}]
     if not configs:
@@ -336,8 +343,11 @@ def _exact_fp32(gen: GeneratedGemm) -> bool:
     return 'input_precision="ieee"' in gen.source
 
 
-def _tune_key(gen: GeneratedGemm, device: str) -> dict[str, Any]:
-    return {"source": gen.all_sources, "device": device, "torch": torch.__version__}
+def _tune_key(gen: GeneratedGemm, device: str, own: cublas.OwnEpilogue | None = None) -> dict[str, Any]:
+    key = {"source": gen.all_sources, "device": device, "torch": torch.__version__}
+    if own is not None:   # the cuBLAS candidate computes the epilogue itself: another candidate
+        key["cublas_epilogue"] = own.kind
+    return key
 
 
 def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> list[dict[str, Any]]:
