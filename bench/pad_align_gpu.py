@@ -1,9 +1,9 @@
 """GPT-2-124M's LM head (M = 8192 tokens, K = 768, vocabulary N = 50257, bf16) as plan kernels,
 built without the pad_align pass (passes/pad_align.py), with it (GEMM operands padded, the
-default) and with PAD_RESULTS (GEMM results padded too: the logits), on the GPU.
+default) and with settings.pad_results (GEMM results padded too: the logits), on the GPU.
 
 The graph is the head of a training step, forward and backward in one plan:
-    logits = h @ W^T                    GEMM 1 [8192, 50257] (plan-internal: padded with PAD_RESULTS)
+    logits = h @ W^T                    GEMM 1 [8192, 50257] (plan-internal: padded with settings.pad_results)
     loss = cross_entropy(logits, y); dlogits = cross_entropy_backward(1/M, logits, y)
     dh = dlogits @ W                    GEMM 2 (K = 50257: our Triton GEMM had no TMA path)
     dW = dlogits^T @ h                  GEMM 3 (cuBLAS's align1 kernel on the 50257-element rows)
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 import fusegraph as fg
-from fusegraph.passes import pad_align as pad_module
 from fusegraph.passes.pad_align import pad_align_disabled, padded_row
+from fusegraph.settings import override
 from fusegraph.tune import bench_ms
 
 
@@ -103,19 +103,15 @@ def gpu_kernels(fn: Callable[[], Any], top: int = 14) -> list[tuple[str, float]]
 
 
 def build_and_time(label: str, m: int, k: int, n: int, dtype: str, device: str, mode: str) -> dict[str, Any]:
-    """mode: "off" (no pad_align), "on" (the default: GEMM operands), "results" (PAD_RESULTS too)."""
+    """mode: "off" (no pad_align), "on" (the default: GEMM operands), "results" (settings.pad_results too)."""
     g, _ = lm_head_graph(m, k, n, dtype)
     start = time.perf_counter()
-    saved = pad_module.PAD_RESULTS
-    pad_module.PAD_RESULTS = mode == "results"
-    try:
-        if mode == "off":
-            with pad_align_disabled():
-                plan = g.build(device=device)
-        else:
+    if mode == "off":
+        with pad_align_disabled():
             plan = g.build(device=device)
-    finally:
-        pad_module.PAD_RESULTS = saved
+    else:
+        with override(pad_results=mode == "results"):
+            plan = g.build(device=device)
     build_s = time.perf_counter() - start
     inputs = make_inputs(m, k, n, getattr(torch, dtype), device)
     cuda = device.startswith("cuda")
@@ -178,7 +174,8 @@ def main() -> int:
     t0 = time.perf_counter()
     results = [build_and_time("without pad_align", m, k, n, dtype, device, "off"),
                build_and_time("with pad_align", m, k, n, dtype, device, "on"),
-               build_and_time("with pad_align, PAD_RESULTS (logits padded too)", m, k, n, dtype, device, "results")]
+               build_and_time("with pad_align, settings.pad_results (logits padded too)", m, k, n, dtype, device,
+                              "results")]
     for res in results:
         _print(res)
         sys.stdout.flush()

@@ -127,6 +127,12 @@ _register("tune_heuristic_floor_us", int, lambda: 50,
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
           "profile is also kept as plan.build_profile and shown by plan.explain().")
+_register("pad_results", bool, lambda: False,
+          "pad_align also pads GEMM results that no GEMM reads (and the pointwise values right after them), "
+          "e.g. a [tokens, 50257] logits tensor read by the loss: aligned rows for the kernels reading it.")
+_register("cublas_epilogues", bool, lambda: True,
+          "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
+          "torch.mm(out_dtype=)) instead of a second launch.")
 _register("profile_ranges", bool, lambda: False,
           "Plans built with this on name every launch in torch.profiler traces: each kernel runs inside a "
           "record_function range 'fg:<kind>:<kernel>' and each torch.compile partition inside 'fg:partition:<name>', "

@@ -22,6 +22,7 @@ from ..ir import dtypes
 from ..ir.spec import contiguous_strides
 from ..ops.linalg import exact_fp32_matmul
 from ..runtime.kernel import in_strides
+from ..settings import settings
 
 LaunchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -73,7 +74,8 @@ def own_epilogue(group: MatmulGroup, device: str) -> OwnEpilogue | None:
     mm = group.matmul
     nodes = group.epilogue_nodes
     outs = group.outputs
-    if (group.reductions or len(outs) != 1 or mm.dtype not in ("bfloat16", "float16") or len(mm.shape) != 2
+    if (not settings.cublas_epilogues or group.reductions or len(outs) != 1
+            or mm.dtype not in ("bfloat16", "float16") or len(mm.shape) != 2
             or any(len(i.shape) != 2 for i in mm.inputs[:2]) or mm.inputs[0].dtype != mm.inputs[1].dtype
             or tuple(outs[0].spec.memory_strides) != contiguous_strides(outs[0].shape)):
         return None

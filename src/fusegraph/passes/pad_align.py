@@ -14,7 +14,7 @@ aligned strides). Inductor avoids this by padding strides; so does this pass:
   takes any strides). On the H200 (bench/results/pad_align_20261130_2250.txt) this took the LM
   head's dh = g @ W from 3.12 to 0.86 ms and dW = g^T @ h from 2.55 to 0.86 ms (our Triton GEMM,
   now with TMA); bare cuBLAS dW 4.28 -> 1.25 ms;
-- a GEMM result that no GEMM reads is padded only with PAD_RESULTS (off): the same run measured
+- a GEMM result that no GEMM reads is padded only with settings.pad_results (off): the same run measured
   the forward logits GEMM with a padded output at 2.19 ms against 1.07 ms dense (another config
   won), and bare cuBLAS h @ W^T took 6.67 ms into a dense and 6.66 ms into a padded output;
 - a graph input (or a value a library kernel computes) that a GEMM reads misaligned is copied once
@@ -52,8 +52,7 @@ WIDE_MIN_ROW_BYTES = 2048
 MAX_GROWTH = 1.25           # do not pad a row by more than a quarter of its length
 COPY_BUDGET = 1.0           # an input copy may cost up to this fraction of the reading GEMMs' floor
 MIN_COPY_BYTES = 1 << 20    # smaller inputs are not worth a launch
-PAD_RESULTS = False         # also pad GEMM results no GEMM reads (measured slower: module docstring)
-EPILOGUE_DEPTH = 4          # with PAD_RESULTS: same-shape pointwise steps after a GEMM padded too
+EPILOGUE_DEPTH = 4          # with settings.pad_results: same-shape pointwise steps after a GEMM padded too
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 RATE_KEYS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
@@ -232,7 +231,7 @@ def pad_align_graph(graph: Graph, device: Any = None, min_copy_bytes: int | None
                 cand.readers.add((chain[-1] if chain else gemm).id)
                 device = device or _default_device()
                 cand.floor_s += _gemm_floor_s(gemm, device)
-        for value in _epilogue_values(gemm, users) if PAD_RESULTS else ():
+        for value in _epilogue_values(gemm, users) if settings.pad_results else ():
             strides = padded_strides(value.spec)
             if strides is not None and value.id not in outputs and _readers_accept(value, users, outputs):
                 pads[value.id] = strides
