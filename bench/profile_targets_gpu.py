@@ -89,6 +89,17 @@ def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _fusegraph_frame(ev: Any) -> str:
+    """The innermost fusegraph source line on an event's Python stack (its op or an ancestor's)."""
+    node = ev
+    while node is not None:
+        for frame in node.stack or []:
+            if "/fusegraph/" in frame:
+                return frame.split("/fusegraph/")[-1][:60]
+        node = node.cpu_parent
+    return "(no stack)"
+
+
 def range_table(fn: Callable[[], Any], rows: int) -> str:
     """One call's CUDA kernels and memcpys attributed to the fusegraph plan kernel or partition that
     issued them (the innermost 'fg:' torch.profiler range: plans built with settings.profile_ranges),
@@ -97,7 +108,7 @@ def range_table(fn: Callable[[], Any], rows: int) -> str:
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+                                            torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
         fn()
         torch.cuda.synchronize()
     groups: dict[tuple[str, str], list[float]] = {}
@@ -109,7 +120,8 @@ def range_table(fn: Callable[[], Any], rows: int) -> str:
             if node.name.startswith("fg:"):
                 kind, _, name = node.name[3:].partition(":")
                 # a plan kernel's range by kind (its name without the fg_k<N>_ prefix), a partition's as glue
-                owner = f"{kind}:{name.split('_', 2)[-1]}" if kind != "partition" else "partition glue"
+                # named by the innermost fusegraph source line on the issuing op's stack
+                owner = f"{kind}:{name.split('_', 2)[-1]}" if kind != "partition" else "glue " + _fusegraph_frame(ev)
                 break
             node = node.cpu_parent
         via = "" if ev.name.startswith("fg:") else f" via {ev.name}"
@@ -119,7 +131,7 @@ def range_table(fn: Callable[[], Any], rows: int) -> str:
             entry[1] += kernel.duration
     lines = [f"   device work by issuing plan kernel: {sum(v[0] for v in groups.values())} launches"]
     for (owner, name), (count, us) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:rows]:
-        lines.append(f"   {us / 1e3:8.3f} ms {count:5d}x  {owner[:40]:40s} {name}")
+        lines.append(f"   {us / 1e3:8.3f} ms {count:5d}x  {owner[:70]:70s} {name}")
     return "\n".join(lines)
 
 
