@@ -121,7 +121,8 @@ def range_table(fn: Callable[[], Any], rows: int) -> str:
                 kind, _, name = node.name[3:].partition(":")
                 # a plan kernel's range by kind (its name without the fg_k<N>_ prefix), a partition's as glue
                 # named by the innermost fusegraph source line on the issuing op's stack
-                owner = f"{kind}:{name.split('_', 2)[-1]}" if kind != "partition" else "glue " + _fusegraph_frame(ev)
+                owner = (f"{kind}:{name.split('_', 2)[-1]}" if kind not in ("partition", "glue")
+                         else f"glue: {name}" if kind == "glue" else "partition, other: " + _fusegraph_frame(ev))
                 break
             node = node.cpu_parent
         via = "" if ev.name.startswith("fg:") else f" via {ev.name}"

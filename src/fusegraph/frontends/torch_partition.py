@@ -361,10 +361,18 @@ class CompiledPartition(torch.nn.Module):
         except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
             self._fall_back(f"run failed: {type(err).__name__}: {err}")
             return self.eager(*args)
-        outs = [args[i] if kind == "input" else results[i] if kind == "plan" else _replay(self._views[i], args)
-                if kind == "view" else self._placeholder(self._out_vals[i], args) for kind, i in self._outputs]
-        outs = [_with_strides(o, v) for o, v in zip(outs, self._out_vals, strict=True)]
+        if self._range is not None:   # settings.profile_ranges: the glue's steps named apart
+            with torch.profiler.record_function("fg:glue:views and placeholders"):
+                outs = self._outs(args, results)
+            with torch.profiler.record_function("fg:glue:boundary strides"):
+                outs = [_with_strides(o, v) for o, v in zip(outs, self._out_vals, strict=True)]
+        else:
+            outs = [_with_strides(o, v) for o, v in zip(self._outs(args, results), self._out_vals, strict=True)]
         return outs[0] if self._single else tuple(outs)
+
+    def _outs(self, args: Sequence[Any], results: Sequence[Any]) -> list[Any]:
+        return [args[i] if kind == "input" else results[i] if kind == "plan" else _replay(self._views[i], args)
+                if kind == "view" else self._placeholder(self._out_vals[i], args) for kind, i in self._outputs]
 
     def _placeholder(self, val: torch.Tensor, args: Sequence[Any]) -> torch.Tensor:
         """Zeros for an attention philox seed/offset (no dropout: nothing reads them), on the traced

@@ -123,7 +123,11 @@ class Plan:
         for slot in self._out_slots:
             results.append(f"s{slot}.clone()" if slot < n_in or slot in seen else f"s{slot}")
             seen.add(slot)
-        lines.append(f"    return [{', '.join(results)}]")
+        if ranges and any(r.endswith(".clone()") for r in results):
+            lines += ["    with RANGE('fg:glue:plan output copies'):", f"        outs = [{', '.join(results)}]",
+                      "    return outs"]
+        else:
+            lines.append(f"    return [{', '.join(results)}]")
         exec(compile("\n".join(lines), f"<plan {self.graph.name}>", "exec"), env)
         run: Callable[[Sequence[Any]], list[Any]] = env["run"]
         return run
