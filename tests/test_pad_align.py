@@ -19,6 +19,7 @@ from fusegraph.passes import PIPELINE, optimize
 from fusegraph.passes import pad_align as pad_module
 from fusegraph.passes.pad_align import pad_align_disabled, pad_align_graph, padded_row, padded_strides
 from fusegraph.perf.devices import get_device
+from fusegraph.settings import override
 
 M, K = 64, 32
 TORCH = {"float32": torch.float32, "float16": torch.float16}
@@ -61,7 +62,7 @@ def test_lm_head_intermediates_padded_and_match_reference(dtype: str) -> None:
     assert grad.shape == (M, 1001) and grad is mms["dw"].inputs[0] and mms["dw"].attrs["trans_a"]
     stride = row_stride(grad)
     assert stride > 1001 and stride % 8 == 0 and (stride * grad.spec.itemsize) % 16 == 0, grad.spec
-    assert row_stride(mms["logits"]) == 1001   # read by the softmax only: kept dense (PAD_RESULTS off)
+    assert row_stride(mms["logits"]) == 1001   # read by the softmax only: kept dense (settings.pad_results off)
     # the GEMM reading the padded gradient gets its TMA path (it had none with a 1001-element row)
     dh_kernel = next(k for k in plan.kernels if any(n.name == "dh" for n in k.nodes))
     assert dh_kernel.backend == "triton" and "make_tensor_descriptor" in dh_kernel.source
@@ -193,10 +194,10 @@ def test_gemm_result_read_by_a_gemm_is_padded() -> None:
         assert_close(got.float(), ref.float(), tol=5e-3)
 
 
-def test_pad_results_pads_a_gemm_result_no_gemm_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pad_module, "PAD_RESULTS", True)
+def test_pad_results_pads_a_gemm_result_no_gemm_reads() -> None:
     g, handles = lm_head(1001, "float32")
-    plan = g.build(device="cpu")
+    with override(pad_results=True):
+        plan = g.build(device="cpu")
     assert row_stride(gemms(plan.graph)["logits"]) == 1024
     data = feeds(1001, "float32")
     want = list(fg.reference(g).execute(dict(zip(handles, data, strict=True))).values())
