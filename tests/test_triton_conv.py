@@ -243,6 +243,7 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
     """The conv's PTX compiled for an H100/H200 (sm_90) without a GPU: triton.compile of the kernel
     specialized as a launch would be (16-byte-aligned pointers; ints divisible by 16 marked so, ints
     equal to 1 constant)."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
     from triton.runtime.jit import JITFunction
@@ -271,7 +272,15 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
             elif value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     options = {"num_warps": conv.launch_options["num_warps"], "num_stages": conv.launch_options["num_stages"]}
-    kernel = compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    # the code generator reads triton.knobs.runtime.interpret (constexpr functions return raw values under
+    # the interpreter): under TRITON_INTERPRET=1 (`make test`) it must be off for this compile
+    saved = triton.knobs.runtime.interpret
+    triton.knobs.runtime.interpret = False
+    try:
+        kernel = compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                         options=options)
+    finally:
+        triton.knobs.runtime.interpret = saved
     return str(kernel.asm["ptx"])
 
 
