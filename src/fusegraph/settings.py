@@ -134,9 +134,11 @@ _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")
 _register("profile_ranges", bool, lambda: False,
-          "Plans built with this on name every launch in torch.profiler traces: each kernel runs inside a "
-          "record_function range 'fg:<kind>:<kernel>' and each torch.compile partition inside 'fg:partition:<name>', "
-          "so a trace shows which plan kernel issued each CUDA kernel or memcpy (costs host time per launch).")
+          "Plans built with this on run every kernel inside a torch.profiler range 'fg:<kind>:<kernel>', each "
+          "torch.compile partition inside 'fg:partition:<name>' and its glue steps in 'fg:glue:<step>': a trace "
+          "shows which plan kernel or step issued each ATen call (copies, clones, torch library calls); Triton "
+          "and cuDNN frontend launches are attributed by the profiler to the enclosing ATen op instead. Costs "
+          "host time per launch.")
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")

@@ -126,8 +126,7 @@ def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Seq
     if own is not None:
         return _own_launch(group, own)
     positions = {n.id: k for k, n in enumerate(group.inputs)}
-    ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
-    ta, tb = bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False))
+    ia, ib, ta, tb = _operands(group)
     epi_inputs = group.epilogue.inputs
     dense = mm.spec.memory_strides
     row_major = mm.spec.strides is None or tuple(dense) == contiguous_strides(mm.shape)
@@ -150,11 +149,17 @@ def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Seq
     return launch
 
 
-def _own_launch(group: MatmulGroup, own: OwnEpilogue) -> LaunchFn:
+def _operands(group: MatmulGroup) -> tuple[int, int, bool, bool]:
+    """Positions of the matmul's two operands in group.inputs, and whether each is transposed."""
     mm = group.matmul
     positions = {n.id: k for k, n in enumerate(group.inputs)}
-    ia, ib = positions[mm.inputs[0].id], positions[mm.inputs[1].id]
-    ta, tb = bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False))
+    return (positions[mm.inputs[0].id], positions[mm.inputs[1].id],
+            bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False)))
+
+
+def _own_launch(group: MatmulGroup, own: OwnEpilogue) -> LaunchFn:
+    mm = group.matmul
+    ia, ib, ta, tb = _operands(group)
     n = mm.shape[1]
 
     if own.kind == "fp32":
