@@ -8,12 +8,13 @@ epilogue as our generated pointwise kernel, exactly the library candidate) and a
 torch.matmul / addmm as the library floor. Prints TFLOP/s per candidate, the best of each kind and
 the winner; JSON in $OUT (else bench/results/).
 
-Cases: gelu_mlp's two GEMMs (bf16, x 8192x4096, W1 4096x16384 + b -> gelu; h 8192x16384 @ W2 + b),
+Cases: GPT-2-124M's training-step GEMMs under bf16 autocast (8192 tokens: qkv, attention projection +
+residual, fc, MLP projection + residual, the LM head), gelu_mlp's two GEMMs (bf16, x 8192x4096, W1 4096x16384 + b -> gelu; h 8192x16384 @ W2 + b),
 8192^3 bf16, decode shapes (M = 1, 8, 32; K = 4096; N = 4096, 11008, 14336; bf16, no epilogue),
 and the fp8 quantize epilogue (bf16 8192x4096 @ 4096x4096, then scale, saturate, cast to e4m3 and a
 per-tensor amax; the amax is fused when the pipeline claims it).
 
-    PYTHONPATH=src python bench/gemm_tune_gpu.py [--only mlp1,mlp2,square,decode,fp8] [--max-s 240]
+    PYTHONPATH=src python bench/gemm_tune_gpu.py [--only gpt2,mlp1,mlp2,square,decode,fp8] [--max-s 240]
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/gemm_tune_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
 """
 
@@ -68,6 +69,19 @@ def plain(m: int, k: int, n: int, weight_nk: bool = False) -> Case:
     return build
 
 
+def autocast_linear(m: int, k: int, n: int, residual: bool = False) -> Case:
+    """A linear layer as AOTAutograd traces it under bf16 autocast (GPT-2's Conv1D: addmm): the fp32
+    bias cast to 16 bits in the epilogue, and with `residual` the result cast to fp32 and added to
+    the fp32 residual stream."""
+    def build(g: fg.Graph, dt: str) -> None:
+        x, w = g.tensor((m, k), dtype=dt, name="x"), g.tensor((k, n), dtype=dt, name="w")
+        y = g.add(g.matmul(x, w), g.cast(g.tensor((n,), dtype="float32", name="b"), dt))
+        if residual:
+            y = g.add(g.cast(y, "float32"), g.tensor((m, n), dtype="float32", name="r"))
+        y.set_output()
+    return build
+
+
 def fp8_quantize(m: int, k: int, n: int, qdtype: str = "float8_e4m3fn") -> Case:
     def build(g: fg.Graph, dt: str) -> None:
         x, w = g.tensor((m, k), dtype=dt, name="x"), g.tensor((k, n), dtype=dt, name="w")
@@ -82,12 +96,20 @@ def fp8_quantize(m: int, k: int, n: int, qdtype: str = "float8_e4m3fn") -> Case:
 def cases(smoke: bool) -> dict[str, list[tuple[str, Case, int]]]:
     """group -> [(label, builder, FLOPs of the GEMM)]"""
     if smoke:
-        return {"mlp1": [("mlp1", mlp1(64, 32, 96), 2 * 64 * 32 * 96)],
+        return {"gpt2": [("linear_residual", autocast_linear(32, 32, 48, True), 2 * 32 * 32 * 48)],
+                "mlp1": [("mlp1", mlp1(64, 32, 96), 2 * 64 * 32 * 96)],
                 "decode": [("decode_m4", plain(4, 1024, 48, weight_nk=True), 2 * 4 * 1024 * 48)],
                 "fp8": [("quant_int8", fp8_quantize(32, 32, 48, "int8"), 2 * 32 * 32 * 48)]}
     decode = [(f"decode_m{m}_n{n}", plain(m, 4096, n, weight_nk=True), 2 * m * 4096 * n)
               for m in (1, 8, 32) for n in (4096, 11008, 14336)]
-    return {"mlp1": [("gelu_mlp_gemm1", mlp1(8192, 4096, 16384), 2 * 8192 * 4096 * 16384)],
+    tokens = 8192   # GPT-2-124M's training step: batch 8 x 1024
+    gpt2 = [("gpt2_qkv", autocast_linear(tokens, 768, 2304), 2 * tokens * 768 * 2304),
+            ("gpt2_attn_proj_residual", autocast_linear(tokens, 768, 768, True), 2 * tokens * 768 * 768),
+            ("gpt2_fc", autocast_linear(tokens, 768, 3072), 2 * tokens * 768 * 3072),
+            ("gpt2_mlp_proj_residual", autocast_linear(tokens, 3072, 768, True), 2 * tokens * 3072 * 768),
+            ("gpt2_lm_head", plain(tokens, 768, 50257, weight_nk=True), 2 * tokens * 768 * 50257)]
+    return {"gpt2": gpt2,
+            "mlp1": [("gelu_mlp_gemm1", mlp1(8192, 4096, 16384), 2 * 8192 * 4096 * 16384)],
             "mlp2": [("gelu_mlp_gemm2", linear_bias(8192, 16384, 4096), 2 * 8192 * 16384 * 4096)],
             "square": [("square_8192", plain(8192, 8192, 8192), 2 * 8192 ** 3)],
             "decode": decode,
@@ -125,6 +147,7 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
     epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", device, {})
     amax = [_LazyEpilogue(group, name, "float32", device, {}, r, f"amax{k}") for k, r in enumerate(group.reductions)]
     library = cublas.cublas_launch(group, epilogue, amax)
+    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
     expected = library(args)
     launches = []
     for c in configs:
@@ -148,6 +171,11 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
         rows.append(row)
     ms = bench_ms(lambda: library(args))
     rows.append({"variant": "cublas+epilogue", "config": {}, "ms": ms, "tflops": flops / ms / 1e9})
+    if own is not None:   # cuBLAS computing the epilogue itself (addmm / mm(out_dtype=)): one launch
+        own_launch = cublas.cublas_launch(group, epilogue, amax, own)
+        check_same(own_launch(args), expected, f"{label} cuBLAS {own.kind} epilogue", True)
+        ms = bench_ms(lambda: own_launch(args))
+        rows.append({"variant": f"cublas_own_{own.kind}", "config": {}, "ms": ms, "tflops": flops / ms / 1e9})
     a, b = (args[[n.id for n in group.inputs].index(x.id)] for x in group.matmul.inputs)
     mm = group.matmul
     ms = bench_ms(lambda: cublas.torch_matmul(a, b, bool(mm.attrs.get("trans_a")), bool(mm.attrs.get("trans_b"))))
@@ -167,7 +195,7 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="mlp1,mlp2,square,decode,fp8")
+    parser.add_argument("--only", default="gpt2,mlp1,mlp2,square,decode,fp8")
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--max-s", type=float, default=240.0, help="skip remaining cases after this many seconds")
     opts = parser.parse_args()

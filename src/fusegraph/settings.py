@@ -133,6 +133,10 @@ _register("pad_results", bool, lambda: False,
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")
+_register("gemm_backend", str, lambda: "auto",
+          "Which GEMM kernels a plan may use: 'auto' (the autotuner times generated Triton kernels against "
+          "cuBLAS per shape), 'cublas' (cuBLAS only, untimed) or 'triton' (generated kernels only where they "
+          "cover the GEMM; cuBLAS where none does).")
 _register("profile_ranges", bool, lambda: False,
           "Plans built with this on run every kernel inside a torch.profiler range 'fg:<kind>:<kernel>', each "
           "torch.compile partition inside 'fg:partition:<name>' and its glue steps in 'fg:glue:<step>': a trace "

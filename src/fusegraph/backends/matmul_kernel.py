@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..codegen.compile import interpreting, load_triton_function
+from ..errors import SettingsError
 from ..codegen.matmul import (
     GeneratedGemm,
     gemm_candidates,
@@ -180,8 +181,12 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         kernel.note = f"cuBLAS only: {why}"
         _debug(name, kernel.note)
         return kernel
+    if device.startswith("cuda") and gemm_backend() == "cublas":
+        kernel.config, kernel.tuning = {"backend": "cublas"}, {"source": "rule", "seconds": 0.0, "candidates": 1}
+        kernel.note = "cuBLAS: settings.gemm_backend='cublas'" + ("" if identity else " (epilogue as a second launch)")
+        return kernel
     gen = generate_gemm(group, name)
-    if device.startswith("cuda") and _library_only(gen):
+    if device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
         kernel.config, kernel.tuning = {"backend": "cublas"}, {"source": "rule", "seconds": 0.0, "candidates": 1}
         kernel.note = (f"cuBLAS: {gen.geometry.m} row(s) <= gemm_library_max_m, a weight-streaming GEMV"
                        + ("" if identity else " (epilogue as a second launch)"))
@@ -264,7 +269,7 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
 
     key = _tune_key(gen, device, own)
     floor = floor_ms_of(kernel)
-    if _paired(floor):  # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
+    if _paired(floor) and gemm_backend() == "auto":  # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
         candidates = [candidates[0], next(c for c in candidates if c["backend"] == "cublas")]
         floor = None if candidates[0] != candidates[1] else floor
     result = tune(name, key, candidates, bench, floor_ms=floor, precompile=precompile)
@@ -284,12 +289,12 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] 
     from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
     from .plan_precompile import first_time
 
-    if gemm_supported(group) is not None:
+    if gemm_supported(group) is not None or (device.startswith("cuda") and gemm_backend() == "cublas"):
         return []
     gen = generate_gemm(group, name)
     if not first_time(gen.all_sources, seen):
         return []
-    if device.startswith("cuda") and _library_only(gen):
+    if device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
         return []
     configs = _gemm_candidates(gen, device, group)
     shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
@@ -306,6 +311,14 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] 
     fn = load_triton_function(gen.source, name)
     args = _example_inputs(gen.inputs, device)
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
+
+
+def gemm_backend() -> str:
+    """settings.gemm_backend, checked: 'auto', 'cublas' or 'triton'."""
+    mode = settings.gemm_backend
+    if mode not in ("auto", "cublas", "triton"):
+        raise SettingsError(f"setting gemm_backend: {mode!r} is not one of 'auto', 'cublas', 'triton'")
+    return str(mode)
 
 
 def _library_only(gen: GeneratedGemm) -> bool:
@@ -334,6 +347,8 @@ def _candidates(configs: list[dict[str, Any]], gen: GeneratedGemm | None = None)
     from ..tune import Config
 
     triton = [Config(dict(c, backend="triton")) for c in configs]
+    if gemm_backend() == "triton" and triton:
+        return triton
     if gen is not None and _exact_fp32(gen):
         return [Config(backend="cublas"), *triton]
     return [*triton, Config(backend="cublas")]
@@ -345,6 +360,8 @@ def _exact_fp32(gen: GeneratedGemm) -> bool:
 
 def _tune_key(gen: GeneratedGemm, device: str, own: cublas.OwnEpilogue | None = None) -> dict[str, Any]:
     key = {"source": gen.all_sources, "device": device, "torch": torch.__version__}
+    if gemm_backend() == "triton":   # candidates without cuBLAS
+        key["gemm_backend"] = "triton"
     if own is not None:   # the cuBLAS candidate computes the epilogue itself: another candidate
         key["cublas_epilogue"] = own.kind
     return key
