@@ -9,7 +9,8 @@ torch.matmul / addmm as the library floor. Prints TFLOP/s per candidate, the bes
 the winner; JSON in $OUT (else bench/results/).
 
 Cases: GPT-2-124M's training-step GEMMs under bf16 autocast (8192 tokens: qkv, attention projection +
-residual, fc, MLP projection + residual, the LM head), gelu_mlp's two GEMMs (bf16, x 8192x4096, W1 4096x16384 + b -> gelu; h 8192x16384 @ W2 + b),
+residual, fc, MLP projection + residual, the LM head), gelu_mlp's two GEMMs (bf16, x 8192x4096,
+W1 4096x16384 + b -> gelu; h 8192x16384 @ W2 + b),
 8192^3 bf16, decode shapes (M = 1, 8, 32; K = 4096; N = 4096, 11008, 14336; bf16, no epilogue),
 and the fp8 quantize epilogue (bf16 8192x4096 @ 4096x4096, then scale, saturate, cast to e4m3 and a
 per-tensor amax; the amax is fused when the pipeline claims it).

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from ..codegen.compile import interpreting, load_triton_function
-from ..errors import SettingsError
 from ..codegen.matmul import (
     GeneratedGemm,
     gemm_candidates,
@@ -30,6 +29,7 @@ from ..codegen.matmul import (
     generate_gemm,
     split_k_finish_grid,
 )
+from ..errors import SettingsError
 from ..fusion.epilogue import MatmulGroup
 from ..ir import dtypes
 from ..ir.node import Node
@@ -269,7 +269,8 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
 
     key = _tune_key(gen, device, own)
     floor = floor_ms_of(kernel)
-    if _paired(floor) and gemm_backend() == "auto":  # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
+    if _paired(floor) and gemm_backend() == "auto":
+        # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
         candidates = [candidates[0], next(c for c in candidates if c["backend"] == "cublas")]
         floor = None if candidates[0] != candidates[1] else floor
     result = tune(name, key, candidates, bench, floor_ms=floor, precompile=precompile)
