@@ -83,6 +83,53 @@ def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, shor
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
 
+def queued_bench_ms(fn: Callable[[], Any], *, lead_us: float = 2000.0) -> float:
+    """Median device milliseconds per call of `fn`, each after an L2 flush, with the GPU's queue kept
+    ahead of the host: a spin (torch.cuda._sleep) of `lead_us` first, then, before each timed call,
+    a spin as long as one call takes the host to launch. Device events then bracket the kernels only,
+    never a wait for the host's next launch (a slow host launch, e.g. through a Python-level launcher
+    or under a busy interpreter, inflated event timings of short kernels by up to 3x)."""
+    import torch
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(_SHORT_ESTIMATE_CALLS):
+        fn()
+    host_us = (time.perf_counter() - t0) * 1e6 / _SHORT_ESTIMATE_CALLS
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(_cycles(lead_us))
+    start.record()
+    for _ in range(_SHORT_ESTIMATE_CALLS):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    n_warmup, n_repeat = short_budget(start.elapsed_time(end) / _SHORT_ESTIMATE_CALLS)
+    pad = _cycles(1.5 * host_us + 20.0)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    torch.cuda._sleep(_cycles(lead_us))
+    for _ in range(n_warmup):
+        fn()
+    for s, e in zip(starts, ends, strict=True):
+        flush.zero_()
+        torch.cuda._sleep(pad)
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
+
+
+def _cycles(us: float) -> int:
+    """GPU clock cycles in `us` microseconds at the device's rated clock (a spin takes longer when
+    the clock runs lower, which only lengthens the lead)."""
+    import torch
+    khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 2_000_000
+    return max(1, int(us * khz / 1e3))
+
+
 def _host_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, short: bool = False) -> float:
     fn()
     calls = _SHORT_ESTIMATE_CALLS if short else _ESTIMATE_CALLS
