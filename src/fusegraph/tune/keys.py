@@ -17,8 +17,10 @@ from typing import Any
 
 from .config import Config
 
-# Bump when the layout of a cache entry or of the full key changes.
-SCHEMA_VERSION = 1
+# Bump when the layout of a cache entry or of the full key changes, or how candidates are timed
+# (2: the GPU queue kept ahead of the host, tune/timing.queued_bench_ms; entries timed before
+# counted host launch waits and are re-tuned).
+SCHEMA_VERSION = 2
 
 FullKey = dict[str, Any]
 

@@ -3,7 +3,11 @@
 On a CUDA GPU: device time from CUDA events around each call, each after flushing L2, and the
 median. By default the number of calls scales with the kernel's duration (`short_budget`): after
 one call and a 3-call estimate, a few warm-up calls and 10..50 timed calls, so a kernel of tens
-of microseconds is timed in a few milliseconds, not 125 ms. Passing `warmup_ms`/`rep_ms` asks for
+of microseconds is timed in a few milliseconds, not 125 ms. The GPU's queue is kept ahead of the
+host (`queued_bench_ms`): inside a plan build a Triton launch took the host 70-110 us, longer than
+the flush before it, and plain event timing then counted the GPU's wait for the launch (GPT-2's
+forward GEMMs timed 1.3-2.9x their device time, so the tuner picked slower kernels;
+bench/tune_timing_gpu.py). Passing `warmup_ms`/`rep_ms` asks for
 the fixed-duration protocol (triton.testing.do_bench when Triton is installed).
 Without a GPU the same protocol runs on the host clock, so CPU code and tests can use it too.
 """
@@ -43,7 +47,7 @@ def bench_ms(fn: Callable[[], Any], *, warmup_ms: float | None = None, rep_ms: f
     if not torch.cuda.is_available():
         return _host_bench_ms(fn, warm, rep, short=not fixed)
     if not fixed:
-        return _event_bench_ms(fn, warm, rep, short=True)
+        return queued_bench_ms(fn)
     try:
         from triton.testing import do_bench
     except ImportError:
@@ -56,20 +60,19 @@ def _repeat_counts(estimate_ms: float, warmup_ms: float, rep_ms: float) -> tuple
     return max(1, int(warmup_ms / estimate_ms)), max(1, int(rep_ms / estimate_ms))
 
 
-def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, short: bool = False) -> float:
+def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
     import torch
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    calls = _SHORT_ESTIMATE_CALLS if short else _ESTIMATE_CALLS
-    for _ in range(calls):
+    for _ in range(_ESTIMATE_CALLS):
         fn()
     end.record()
     torch.cuda.synchronize()
-    estimate = start.elapsed_time(end) / calls
-    n_warmup, n_repeat = short_budget(estimate) if short else _repeat_counts(estimate, warmup_ms, rep_ms)
+    estimate = start.elapsed_time(end) / _ESTIMATE_CALLS
+    n_warmup, n_repeat = _repeat_counts(estimate, warmup_ms, rep_ms)
     for _ in range(n_warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
