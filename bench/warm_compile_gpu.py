@@ -1,0 +1,95 @@
+"""Where a warm compile's time goes: the GPT-2 training step or ResNet-50 inference through
+`fg.compile`, first in a fresh process on empty cache dirs (cold), then in a second process on the
+same dirs (warm: tuning choices and Triton binaries on disk), the warm one under cProfile.
+
+    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50] [--top 40]
+
+Prints the wall seconds of each first call (compile included) and the warm build's top functions by
+cumulative time; the full stats go to $OUT/warm_compile_<workload>.prof when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def child(workload: str, profile_path: str | None) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import targets_gpu as T
+    import torch
+
+    import fusegraph as fg
+
+    T.S.device = "cuda"
+    torch.manual_seed(0)
+    if workload == "gpt2_train":
+        model = T.LMWithLoss(T.gpt2("full")).cuda()
+        ids = torch.randint(0, 50257, (8, 1024), device="cuda")
+        step = T.TrainStep(model, fg.compile(model), ids, ids.roll(1, 1), torch.bfloat16)
+
+        def first() -> None:
+            step.loss_and_grads()
+    else:
+        from zoo_models import ensure_torchvision_importable
+        ensure_torchvision_importable()
+        net = T.resnet50("full").eval().cuda().to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+        x = torch.randn(128, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+        compiled = fg.compile(net)
+
+        def first() -> None:
+            with torch.no_grad():
+                compiled(x.contiguous(memory_format=torch.channels_last))
+    torch.cuda.synchronize()
+    profiler = None
+    if profile_path:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    start = time.perf_counter()
+    first()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile_path)
+    print(json.dumps({"first_call_s": seconds}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--child", default="")
+    parser.add_argument("--profile", default="")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.profile or None)
+        return 0
+    out = os.environ.get("OUT") or tempfile.mkdtemp()
+    prof = os.path.join(out, f"warm_compile_{args.workload}.prof")
+    with tempfile.TemporaryDirectory() as root:
+        env = dict(os.environ, FUSEGRAPH_CACHE_DIR=os.path.join(root, "fg"),
+                   TRITON_CACHE_DIR=os.path.join(root, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "ind"))
+        for label, extra in (("cold", []), ("warm", ["--profile", prof])):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", args.workload, *extra]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            if done.returncode != 0 or not lines:
+                print(f"{label}: failed (rc {done.returncode})\n{done.stderr[-3000:]}")
+                return 1
+            print(f"{args.workload} {label}: first call {json.loads(lines[-1])['first_call_s']:.2f} s", flush=True)
+    import pstats
+    stats = pstats.Stats(prof)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    stats.sort_stats("tottime").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
