@@ -214,3 +214,56 @@ def test_small_outputs_are_cloned_so_holding_them_costs_nothing(monkeypatch: pyt
     assert runner.live_calls == 0 and runner.captured.graph.replays == 3
     assert "O0.clone()" in runner.replay_source and "O1.detach()" in runner.replay_source
     assert y.data_ptr() != runner.captured.static_outputs[0].data_ptr()
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_saved_activations_are_never_cloned_even_when_small(built_partitions: list[Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training forward's small outputs: what the caller gets (the model output, kept past the next
+    step here) is cloned; the activations saved for the backward are not (build option held_outputs
+    leaves them out), so the backward reads them in place instead of a clone plus a copy each."""
+    from fusegraph.frontends.torch_backend import Session
+
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)   # every output of this model is small
+    built = built_partitions
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=Session("reduce-overhead"))
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    kept: list[torch.Tensor] = []
+    for _ in range(4):
+        x = rand(8, 16)
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            y = m(x)
+            (y ** 2).mean().backward()
+            o.step()
+            kept.append(y)                       # every step's output stays alive
+        assert_close(kept[-2], kept[-1].detach(), tol=1e-5, what="model output")
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert_close(p, q, tol=1e-5, what="weights after the step")
+    torch._dynamo.reset()
+    plans = {p.plan.graph.name.split("_")[0]: p.plan for p in built if p.plan is not None}
+    forward, backward = plans["forward"], plans["backward"]
+    held = forward.held_outputs
+    assert held is not None and 0 < len(held) < len(forward.graph.outputs), held
+    assert backward.held_outputs is None                       # gradients: the caller may keep any
+    fw, bw = forward.cuda_graph, backward.cuda_graph
+    assert fw.captured is not None and bw.captured is not None
+    for j in range(len(forward.graph.outputs)):
+        assert (f"O{j}.clone()" if j in held else f"O{j}.detach()") in fw.replay_source, fw.replay_source
+    assert bw.chained_inputs, bw.replay_source                # the saved activations, read in place
+    assert fw.live_calls == 0 and bw.live_calls == 0 and fw.captured.graph.replays == 3
+    assert kept[0].data_ptr() != kept[2].data_ptr()           # outputs kept by the caller are its own
+
+
+def test_held_outputs_option_is_checked() -> None:
+    from fusegraph.errors import InvalidValueError
+
+    g = stage("held", 2.0)
+    assert g.build(device="cpu", held_outputs=[1]).held_outputs == (1,)
+    assert g.build(device="cpu").held_outputs is None
+    with pytest.raises(InvalidValueError, match="held_outputs"):
+        g.build(device="cpu", held_outputs=[2])

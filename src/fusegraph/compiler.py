@@ -48,7 +48,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     tensor from call to call; Graph.build also takes handles), conv_layout ("auto": NHWC around
     tensor-core convolutions, "NHWC", "NCHW"; passes/layout.py), allow_tf32 (fp32 convolutions may
     use TF32 tensor cores, which also makes them candidates for NHWC), output_strides (per graph output,
-    the strides to return a view output in, a dense permutation; None = row-major; fusion/views.py).
+    the strides to return a view output in, a dense permutation; None = row-major; fusion/views.py),
+    held_outputs (graph_outputs="reuse": positions of the outputs a caller may keep past the next call,
+    whose small buffers are then cloned; absent = all; the torch backend leaves out saved activations).
     """
     device = default_device(device)
     start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
@@ -57,6 +59,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
         raise InvalidValueError(f"build option cuda_graphs={options['cuda_graphs']!r}: use True, False or None "
                                 f"(automatic)")
     static_inputs = check_static_inputs(options.get("static_inputs", ()), len(graph.inputs))
+    held_outputs = check_held_outputs(options.get("held_outputs"), len(graph.outputs))
     verify(graph)
     mark("verify")
     optimized = optimize(graph)
@@ -81,7 +84,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     plan = Plan(primitive, kernels, device, input_handles, output_handles,
                 static=bool(options.get("static", False)), rebuild=rebuild,
                 cuda_graphs=options.get("cuda_graphs"), graph_outputs=options.get("graph_outputs", "copy"),
-                static_inputs=static_inputs)
+                static_inputs=static_inputs, held_outputs=held_outputs)
     mark("plan (memory plan, guards)")
     _dump(plan)
     return plan
@@ -93,6 +96,17 @@ def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:
     if items is None or not all(type(i) is int and 0 <= i < n_inputs for i in items):
         raise InvalidValueError(f"build option static_inputs={value!r}: use a list of input positions "
                                 f"0..{n_inputs - 1} (Graph.build also takes input handles)")
+    return tuple(sorted(set(items)))
+
+
+def check_held_outputs(value: Any, n_outputs: int) -> tuple[int, ...] | None:
+    """The build option held_outputs as sorted output positions (None: every output), or InvalidValueError."""
+    if value is None:
+        return None
+    items = list(value) if isinstance(value, list | tuple | set | frozenset) else None
+    if items is None or not all(type(i) is int and 0 <= i < n_outputs for i in items):
+        raise InvalidValueError(f"build option held_outputs={value!r}: use a list of output positions "
+                                f"0..{n_outputs - 1}, or None for all")
     return tuple(sorted(set(items)))
 
 

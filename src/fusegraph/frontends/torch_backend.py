@@ -61,7 +61,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
             if getattr(op, "overloadpacket", None) not in keep}
 
 
-def partition_fn() -> Callable[..., Any]:
+def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:
     """How AOTAutograd splits a training graph into forward and backward. Constant causal masks
     become is_causal first (frontends/causal_mask.py), so they are not saved for the backward.
     Then, by default, the default partitioner (save every intermediate the backward reads); with
@@ -69,7 +69,8 @@ def partition_fn() -> Callable[..., Any]:
     fewer tensors and recomputes cheap pointwise chains in the backward (e.g. a cross-entropy's
     softmax over [tokens, vocab] logits instead of saving an fp32 log-softmax of that size). Not the
     default: on the H200 the GPT-2 training step ran slower with it in our plans (50.5 vs 44.6 ms;
-    weight transposes and copies of the saved tensors outweighed the recompute savings)."""
+    weight transposes and copies of the saved tensors outweighed the recompute savings).
+    `split` (when given) records num_fwd_outputs: the forward's outputs before its saved activations."""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
     base: Callable[..., Any] = default_partition if not settings.recompute else \
@@ -80,6 +81,8 @@ def partition_fn() -> Callable[..., Any]:
         rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
         if settings.recompute_saved and not settings.recompute:   # (min-cut recomputes by its own rules)
             recompute_saved_pointwise(joint_module)
+        if split is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
+            split["num_fwd_outputs"] = kwargs["num_fwd_outputs"]
         return base(joint_module, joint_inputs, **kwargs)
 
     return partition
@@ -188,9 +191,10 @@ class Session:
     def _compile_static(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
 
-        backend = aot_autograd(fw_compiler=self._compiler("forward"), bw_compiler=self._compiler("backward"),
+        split: dict[str, Any] = {}   # the forward's user outputs (the rest: activations saved for the backward)
+        backend = aot_autograd(fw_compiler=self._compiler("forward", split), bw_compiler=self._compiler("backward"),
                                inference_compiler=self._compiler("inference"),
-                               decompositions=decomposition_table(), partition_fn=partition_fn(),
+                               decompositions=decomposition_table(), partition_fn=partition_fn(split),
                                **aot_autograd_options())   # inference graphs keep input mutations (copy_)
         try:
             return backend(gm, example_inputs)
@@ -199,15 +203,19 @@ class Session:
                                        "this graph runs eagerly in torch")
             return gm.forward
 
-    def _compiler(self, kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    def _compiler(self, kind: str, split: dict[str, Any] | None = None
+                  ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            # a training forward's outputs past num_fwd_outputs are saved activations: only the backward
+            # reads them, so the caller never keeps one past the next step (reuse plans need not clone them)
+            held = None if split is None or "num_fwd_outputs" not in split else range(split["num_fwd_outputs"])
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
             with unset_fake_temporarily(), self._build_settings():
                 # training graphs had it on the joint graph (partition_fn); again here in case that
                 # one could not decide (a no-op when it did)
                 rewrite_causal_masks(gm)
-                split, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
-                                                static_input_indices(kind))
+                split_gm, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
+                                                   static_input_indices(kind), held)
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
             if new_ops:
@@ -217,7 +225,7 @@ class Session:
                 warn_fallback(f"fusegraph: {len(new_ops)} op(s) run eagerly in torch: {listed}")
             log(f"{kind} graph: {len(record.partitions)} fusegraph partition(s), "
                 f"{sum(record.fallbacks.values())} eager op(s)")
-            return make_boxed_func(split)
+            return make_boxed_func(split_gm)
         return compile_aten
 
     def _build_options(self, kind: str = "inference") -> dict[str, Any]:

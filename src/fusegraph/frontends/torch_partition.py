@@ -210,8 +210,12 @@ class CompiledPartition(torch.nn.Module):
     def __init__(self, sub: torch.fx.GraphModule, input_vals: Sequence[Any], record: PartitionRecord,
                  build_options: dict[str, Any], warn: Callable[[str], None],
                  static_args: frozenset[int] = frozenset(),
-                 constant_args: dict[int, torch.Tensor] | None = None) -> None:
+                 constant_args: dict[int, torch.Tensor] | None = None,
+                 held: frozenset[int] | None = None) -> None:
         super().__init__()
+        # storages of the graph outputs a caller may keep (None: all): the plan outputs sharing none
+        # of them are never kept past the next call (build option held_outputs)
+        self._held = held
         self._static_args = static_args     # partition inputs that are module parameters/buffers
         # partition inputs that are tensors the graph owns (get_attr, e.g. a lifted torch.tensor(...)
         # constant): IR constants, made on the plan's device at build time, not plan inputs
@@ -309,6 +313,7 @@ class CompiledPartition(torch.nn.Module):
                    if n.op == "call_function" and isinstance(env.get(n), Tensor) and env[n].node.op in INPLACE_IR_OPS}
         plan_outputs: list[Tensor] = []
         out_strides: list[tuple[int, ...] | None] = []
+        kept: set[int] = set()   # plan outputs a caller may keep
         self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
@@ -334,16 +339,22 @@ class CompiledPartition(torch.nn.Module):
                 plan_outputs.append(value)
                 val = out.meta.get("val")   # returned in torch's layout (no restriding copy after)
                 out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
-            self._outputs.append(("plan", next(i for i, t in enumerate(plan_outputs) if t is value)))
+            position = next(i for i, t in enumerate(plan_outputs) if t is value)
+            key = storage_key(out.meta.get("val"))
+            if self._held is None or key is None or key in self._held:
+                kept.add(position)
+            self._outputs.append(("plan", position))
         live = _ancestors([t.node for t in plan_outputs])
         for value, _ in inplace.values():   # a write nothing in the Plan reads: an extra output keeps it
             if value.node.id not in live:
+                kept.add(len(plan_outputs))
                 plan_outputs.append(value)
                 out_strides.append(tuple(value.spec.memory_strides))
         if plan_outputs:
             g.set_output(*plan_outputs)
+            held = {} if self._held is None else {"held_outputs": sorted(kept)}
             self.plan = g.build(device=None if self._device is None else self._device.type,
-                                **{"output_strides": out_strides, **build_options})
+                                **{"output_strides": out_strides, **held, **build_options})
 
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":
@@ -493,11 +504,14 @@ def _attr(module: torch.nn.Module, target: str) -> Any:
 
 
 def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str, Any],
-                    warn: Callable[[str], None], static_inputs: Sequence[int] = ()
-                    ) -> tuple[torch.fx.GraphModule, GraphRecord]:
+                    warn: Callable[[str], None], static_inputs: Sequence[int] = (),
+                    held_outputs: Sequence[int] | None = None) -> tuple[torch.fx.GraphModule, GraphRecord]:
     """The FX graph with each supported region replaced by a CompiledPartition module. `static_inputs`:
     positions of gm's placeholders that are parameters or buffers (the same tensors at every call);
-    a partition reading one directly declares it a static input (read in place by a CUDA graph)."""
+    a partition reading one directly declares it a static input (read in place by a CUDA graph).
+    `held_outputs`: positions of gm's outputs the caller may keep past its next call (None: all); a
+    partition output sharing storage with none of them is never kept (build option held_outputs)."""
+    held = held_storages(gm, held_outputs)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     static_names = {placeholders[i] for i in static_inputs if 0 <= i < len(placeholders)}
     mutations = reinplace_input_mutations(gm) if kind == "inference" else []
@@ -527,12 +541,44 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
         constant_args = {i: _attr(split, str(a.target)) for i, a in enumerate(node.args)
                          if isinstance(a, torch.fx.Node) and a.op == "get_attr"
                          and isinstance(_attr(split, str(a.target)), torch.Tensor)}
-        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args)
+        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args, held)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
     order_write_backs(split)   # copy_(input, new) after every partition that reads the old value
     return split, record
+
+
+def storage_key(val: Any) -> int | None:
+    """An id of the storage behind a traced value (views share it), None when it has none."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return int(val.untyped_storage()._cdata)
+    except Exception:  # a tensor without a storage (some subclasses): unknown
+        return None
+
+
+def held_storages(gm: torch.fx.GraphModule, held_outputs: Sequence[int] | None) -> frozenset[int] | None:
+    """The storages of gm's outputs at `held_outputs` (None: all outputs, or one of them unknown)."""
+    if held_outputs is None:
+        return None
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return None
+    values = list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
+    keys: set[int] = set()
+    for i in held_outputs:
+        node = values[i] if 0 <= i < len(values) else None
+        if not isinstance(node, torch.fx.Node):
+            continue
+        key = storage_key(node.meta.get("val"))
+        if key is None:
+            if isinstance(node.meta.get("val"), torch.Tensor) or "val" not in node.meta:
+                return None   # a tensor output whose storage is unknown: every output may be kept
+            continue          # a symbolic int or None: no storage to keep
+        keys.add(key)
+    return frozenset(keys)
 
 
 def warn_fallback(message: str) -> None:

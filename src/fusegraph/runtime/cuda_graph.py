@@ -41,7 +41,10 @@ a reuse plan checks before each replay that nothing outside it still references 
 outputs (the storages' use counts are back to what the plan itself holds) and otherwise runs that call
 kernel by kernel into fresh memory (correct; e.g. optimizer.zero_grad(set_to_none=False) keeping the
 gradients alive). Small outputs (up to SMALL_OUTPUT_BYTES: a loss the caller keeps for logging) are
-cloned instead, so holding them costs nothing. A reuse plan captures on its second call rather than
+cloned instead, so holding them costs nothing; except outputs the builder says no caller keeps
+(build option held_outputs lists the ones that may be kept: the torch backend leaves out a training
+forward's saved activations, which only its backward reads), which are tracked like large ones and
+read in place by the backward, without a clone and a copy each. A reuse plan captures on its second call rather than
 its first, so that a plan fed by another reuse plan (a backward reading its forward's saved
 activations) sees those captured buffers as its inputs: an input that lies in another reuse plan's
 outputs is read in place, like a static input (a call where it is elsewhere runs kernel by kernel),
@@ -299,7 +302,8 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
                    alias_outputs: bool, name: str, moved: RunFn | None = None,
-                   live: RunFn | None = None, plain: RunFn | None = None) -> tuple[RunFn, str]:
+                   live: RunFn | None = None, plain: RunFn | None = None,
+                   held: Collection[int] | None = None) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
     (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), with `plain` a check
     that the caller is not capturing a CUDA graph of its own (a replay cannot be captured: such a call
@@ -308,7 +312,8 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     `live` (reuse outputs) a check that the previous call's outputs are no longer referenced (else
     the call goes to `live`), one copy_ per other input into the captured buffers, the replay, and the
     outputs (cloned unless aliased; with `live`, fresh tensor objects on the captured buffers, whose
-    references the next call's check counts). Returns the function and its source."""
+    references the next call's check counts, except small ones the caller may keep (`held`: their
+    positions, None = all), which are cloned). Returns the function and its source."""
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
@@ -327,7 +332,8 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
         lines += [f"    if {' or '.join(f's{i}.data_ptr() != P{i}' for i in by_reference)}:",
                   "        return MOVED(inputs)"]
     checks = []
-    tracked = {id(o) for o in captured.static_outputs if _storage_bytes(o) > SMALL_OUTPUT_BYTES}
+    tracked = {id(o) for j, o in enumerate(captured.static_outputs)
+               if _storage_bytes(o) > SMALL_OUTPUT_BYTES or (held is not None and j not in held)}
     if live is not None:
         env.update(LIVE=live, USE=torch._C._storage_Use_Count)
         for j, (cdata, _) in enumerate(output_storages([o for o in captured.static_outputs if id(o) in tracked])):
@@ -397,14 +403,15 @@ class GraphRunner:
     captures (a reuse plan: on the second matching call); from then on the Plan calls the generated
     replay function. `install` swaps the Plan's per-call function; `capture_fn` is `capture` (tests
     put a stand-in here on CPU); `outputs` the graph_outputs mode; `static_inputs` the positions of
-    the inputs captured by reference; `input_names` name them in warnings."""
+    the inputs captured by reference; `input_names` name them in warnings; `held_outputs` (reuse) the
+    positions of outputs a caller may keep past the next call (None: any)."""
 
     def __init__(self, name: str, n_in: int, run_plain: RunFn, matches: Callable[[Sequence[Any]], bool],
                  guard: tuple[list[str], dict[str, Any]], outputs: str, install: Callable[[RunFn], None],
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
                  input_names: Sequence[str] = (),
                  redecide: Callable[[frozenset[int]], GraphDecision] | None = None,
-                 measure: bool = False) -> None:
+                 measure: bool = False, held_outputs: Collection[int] | None = None) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
@@ -428,6 +435,8 @@ class GraphRunner:
         # a plan the estimate turned down (not reuse): measured at its second call, captured if host-bound
         self.measure = measure
         self.measured: tuple[float, float] | None = None   # (host s, GPU span s) of that call
+        # reuse: the outputs a caller may keep past the next call (small ones cloned); None = all
+        self.held_outputs = None if held_outputs is None else frozenset(held_outputs)
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
         """A call whose input read in place is not at its captured address: run kernel by kernel
@@ -523,7 +532,7 @@ class GraphRunner:
             self.captured = self.capture_fn(self.run_plain, inputs, by_reference)
             replay, self.replay_source = compile_replay(
                 self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs != "copy", self.name, self.moved,
-                self.live if self.outputs == "reuse" else None, self.in_callers_capture)
+                self.live if self.outputs == "reuse" else None, self.in_callers_capture, self.held_outputs)
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"

@@ -29,7 +29,8 @@ class Plan:
                  input_handles: Sequence[Any] = (), output_handles: Sequence[Any] = (), *,
                  static: bool = False, rebuild: Callable[[Sequence[TensorSpec]], Plan] | None = None,
                  cuda_graphs: bool | None = None, graph_outputs: str = "copy",
-                 static_inputs: Sequence[int] = (), inplace: bool = True) -> None:
+                 static_inputs: Sequence[int] = (), inplace: bool = True,
+                 held_outputs: Sequence[int] | None = None) -> None:
         self.graph = graph
         self.kernels = kernels
         self.device = device
@@ -51,6 +52,8 @@ class Plan:
         self._run_fast = self._compile_run()
         # inputs a CUDA graph reads in place instead of copying (weights; runtime/cuda_graph.py)
         self.static_inputs = tuple(sorted(set(static_inputs)))
+        # graph_outputs="reuse": the outputs a caller may keep past the next call (None: any of them)
+        self.held_outputs = None if held_outputs is None else tuple(sorted(set(held_outputs)))
         self._setup_cuda_graph(cuda_graphs, check_graph_outputs(graph_outputs))
 
     def _setup_cuda_graph(self, requested: bool | None, outputs: str) -> None:
@@ -90,7 +93,7 @@ class Plan:
                                       outputs, install, set_note, self.static_inputs,
                                       [n.name for n in self.graph.inputs],
                                       redecide if outputs == "reuse" else None,
-                                      measure=deferred and outputs != "reuse")
+                                      measure=deferred and outputs != "reuse", held_outputs=self.held_outputs)
         self._run_fast = self.cuda_graph.first_call
 
     @property
