@@ -63,8 +63,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Captured:
         record.counts.append(real_rewrite(gm))
         return record.counts[-1]
 
-    def partition_fn() -> Callable[..., Any]:
-        base = real_partition_fn()
+    def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:
+        base = real_partition_fn(split)
 
         def partition(joint: fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
             fw, bw = base(joint, inputs, **kwargs)
