@@ -123,8 +123,25 @@ def lowering(kind: str) -> Iterator[None]:
         yield
 
 
+def randomize_zero_weights(model: torch.nn.Module, seed: int = 0) -> list[str]:
+    """Weights (2+ dims) initialized to all zeros get random values (std 0.02): timm zero-initializes
+    some classifier heads (MLP-Mixer), whose output is then identically zero and a comparison with
+    eager proves nothing. Returns the names changed."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    changed = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and p.dim() >= 2 and p.numel() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                changed.append(name)
+    return changed
+
+
 def check(got: torch.Tensor, ref: torch.Tensor, ref32: torch.Tensor | None, dtype: torch.dtype) -> dict[str, Any]:
-    """float32: rel err vs eager <= TOL; low precision: vs the fp32 reference, within 2x eager's + LOW_TOL."""
+    """float32: rel err vs eager <= TOL; low precision: vs the fp32 reference, within 2x eager's + LOW_TOL.
+    An all-zero reference output fails: it cannot tell a right result from a wrong one."""
+    if not ref.float().abs().sum().item():
+        return {"rel_err_vs_eager": float("nan"), "ok": False, "degenerate": "eager's output is all zeros"}
     row: dict[str, Any] = {"rel_err_vs_eager": rel_err(got.float(), ref.float())}
     if ref32 is None:
         row["ok"] = bool(row["rel_err_vs_eager"] <= TOL.get(dtype, 1e-4))
@@ -167,7 +184,9 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
     batch = args.batch or (None if not args.quick else max(1, m.batch // 4))
     row: dict[str, Any] = {"model": m.name, "family": m.family, "library": m.library,
                            "dtype": str(dtype).replace("torch.", ""), "size": size}
-    model = m.build(size).to(dev).eval()
+    model = m.build(size).eval()
+    row["randomized_zero_weights"] = randomize_zero_weights(model)
+    model = model.to(dev)
     row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
     ex = m.example(batch, torch.float32, dev, size)
     row["batch"] = int(ex.inputs[0].shape[0])
