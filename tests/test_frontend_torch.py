@@ -161,6 +161,25 @@ def test_transformer_block_training_gradients_match_eager():
     assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
 
 
+def test_plans_build_without_the_python_dispatcher(monkeypatch):
+    """AOTAutograd leaves its Python dispatcher on while the forward's compiler runs; every torch call
+    of a plan build (example inputs, tuning launches, checks) then costs the host 3-5x: off in builds."""
+    from fusegraph.frontends import torch_partition
+
+    seen = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self, input_vals, build_options):
+        seen.append((self.record.name, torch._C._dispatch_tls_is_dispatch_key_included(
+            torch._C.DispatchKey.PythonDispatcher)))
+        return original(self, input_vals, build_options)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    _check_training(MLP(), rand(4, 8))
+    assert {name.split("_")[0] for name, _ in seen} == {"forward", "backward"}
+    assert not any(on for _, on in seen), seen
+
+
 def test_views_of_inputs_saved_for_backward_are_not_copied(monkeypatch):
     # the forward saves t(weight) for the backward: it must stay a view, not a Plan output re-strided by a copy
     from fusegraph.frontends import torch_partition

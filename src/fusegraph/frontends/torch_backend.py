@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._dispatch.python import no_python_dispatcher
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -209,8 +210,11 @@ class Session:
             # a training forward's outputs past num_fwd_outputs are saved activations: only the backward
             # reads them, so the caller never keeps one past the next step (reuse plans need not clone them)
             held = None if split is None or "num_fwd_outputs" not in split else range(split["num_fwd_outputs"])
-            # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors
-            with unset_fake_temporarily(), self._build_settings():
+            # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors.
+            # It also leaves the Python dispatcher on for the forward's compiler: every torch call of the
+            # build (example inputs, tuning launches, checks) then took the host 3-5x longer (CPU: 1000
+            # empty+addmm 95-188 ms against 33-40 ms), which slowed the build and inflated tuning timings
+            with unset_fake_temporarily(), no_python_dispatcher(), self._build_settings():
                 # training graphs had it on the joint graph (partition_fn); again here in case that
                 # one could not decide (a no-op when it did)
                 rewrite_causal_masks(gm)
