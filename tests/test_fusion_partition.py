@@ -220,6 +220,12 @@ def test_sources_are_dumped(tmp_path: object) -> None:
         plan = g.build()
     files = sorted(p.name for p in tmp_path.iterdir())  # type: ignore[attr-defined]
     assert f"dumped.{plan.kernels[0].name}.py" in files
+    g2 = fg.Graph("dumped")   # another graph of the same name (two torch.compile frames): its own files
+    g2.exp(g2.tensor((M, N), "float32", "x")).set_output()
+    with override(dump_dir=str(tmp_path)):
+        g2.build()
+    assert "exp" in (tmp_path / "dumped.2.plan.txt").read_text()          # type: ignore[operator]
+    assert "relu" in (tmp_path / "dumped.plan.txt").read_text()           # type: ignore[operator]
 
 
 def test_cpu_without_interpreter_runs_planned_kernels_by_reference(monkeypatch: pytest.MonkeyPatch) -> None:

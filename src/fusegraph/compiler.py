@@ -138,6 +138,18 @@ def respecialize(graph: Graph, specs: Sequence[TensorSpec]) -> Graph:
     return Graph(graph.name, tuple(new_inputs), tuple(mapping[n.id] for n in graph.outputs), graph.compute_dtype)
 
 
+_DUMPED: dict[tuple[str, str], int] = {}   # (dump dir, graph name) -> plans dumped under that name
+
+
+def _dump_stem(folder: str, name: str) -> str:
+    """The file stem for this build's dump: the graph's name, then name.2, name.3, ... for later builds
+    of a graph with the same name in this process (two torch.compile frames each have a forward_fused_0;
+    a recompile rebuilds one), so no dump overwrites another."""
+    count = _DUMPED.get((folder, name), 0) + 1
+    _DUMPED[(folder, name)] = count
+    return name if count == 1 else f"{name}.{count}"
+
+
 def _dump(plan: Plan) -> None:
     if settings.debug >= 1:
         print(plan.graph)
@@ -148,7 +160,7 @@ def _dump(plan: Plan) -> None:
             print(f"# ---- {k.name} ----\n{k.source}")
     if settings.dump_dir:
         os.makedirs(settings.dump_dir, exist_ok=True)
-        base = os.path.join(settings.dump_dir, plan.graph.name)
+        base = os.path.join(settings.dump_dir, _dump_stem(settings.dump_dir, plan.graph.name))
         with open(base + ".graph.txt", "w") as f:
             f.write(str(plan.graph) + "\n")
         with open(base + ".plan.txt", "w") as f:
