@@ -180,6 +180,24 @@ def test_plans_build_without_the_python_dispatcher(monkeypatch):
     assert not any(on for _, on in seen), seen
 
 
+@pytest.mark.parametrize("norm_residual", [False, True])
+def test_residual_add_goes_to_the_layernorm_with_norm_residual(norm_residual):
+    """Batch > 1 (the Linear's view -> addmm -> view regroups leading dims): by default the residual
+    add is claimed by the projection GEMM's epilogue; with settings.norm_residual it fuses into the
+    LayerNorm kernel after it and the GEMM keeps only its bias. Training matches eager either way."""
+    torch.manual_seed(0)
+    with override(norm_residual=norm_residual):
+        compiled = _check_training(Block(), rand(2, 4, 16))
+    forward = compiled.fusegraph_report.graphs[0]
+    kernels = [k for p in forward.partitions for k in p.kernel_ops]
+    gemms = [k.split(": ")[1] for k in kernels if k.startswith("matmul/")]
+    norms = [k.split(": ")[1] for k in kernels if k.startswith("reduction/") and "rsqrt" in k]
+    # the attention projection's residual feeds ln2: in its epilogue only by default; the MLP's (the
+    # block's output, no LayerNorm after it) stays in the epilogue either way
+    assert gemms.count("matmul+add+add") == (1 if norm_residual else 2), gemms
+    assert any(n.startswith("add+sum") for n in norms) is norm_residual, norms
+
+
 def test_views_of_inputs_saved_for_backward_are_not_copied(monkeypatch):
     # the forward saves t(weight) for the backward: it must stay a view, not a Plan output re-strided by a copy
     from fusegraph.frontends import torch_partition

@@ -130,6 +130,11 @@ _register("profile_build", bool, lambda: False,
 _register("pad_results", bool, lambda: False,
           "pad_align also pads GEMM results that no GEMM reads (and the pointwise values right after them), "
           "e.g. a [tokens, 50257] logits tensor read by the loss: aligned rows for the kernels reading it.")
+_register("norm_residual", bool, lambda: False,
+          "A residual add (and the casts before it) between a matmul and the row normalization after it "
+          "(a transformer's LayerNorm) fuses into the normalization's kernel instead of the matmul's epilogue; "
+          "the matmul keeps its bias, which cuBLAS can compute itself (fusion/views.py). Off: the epilogue "
+          "takes the residual.")
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")

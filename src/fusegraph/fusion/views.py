@@ -9,7 +9,10 @@ Run on the primitive graph just before partitioning (compiler.py, fused lowering
    pointwise op when the op's other operands broadcast over those leading dims (a bias) or have
    the full shape (reshaped too: a free view of a materialized value): p(reshape(x), y) becomes
    reshape(p(x, reshape(y))). Chains of such reshapes then cancel (simplify), so bias + residual
-   (or bias + gelu) land in the matmul's epilogue.
+   (or bias + gelu) land in the matmul's epilogue. With settings.norm_residual, a chain that ends
+   in a row reduction over the trailing dims (the LayerNorm after a transformer's residual add) is
+   left where it is: the residual add then fuses into that normalization's kernel (as Inductor
+   does) and the matmul keeps only its bias, which cuBLAS computes itself.
 
 2. `view_aliases` / `assign_view_strides`: a view node whose value must exist in memory (read by a
    library node such as a matmul or attention, a graph output, or a view the generated kernels
@@ -47,7 +50,8 @@ from ..ir.node import Node
 from ..ir.registry import MATMUL, POINTWISE, REDUCTION, VIEW, get_op
 from ..ir.spec import TensorSpec, contiguous_strides, strides_for_order
 from ..passes.base import Pass
-from .partition import fusable, is_literal, is_unit_reduction
+from ..settings import settings
+from .partition import _reduced_dims, fusable, is_literal, is_unit_reduction
 
 ATTENTION_OPS = ("scaled_dot_product_attention",)
 BTHD = (0, 2, 1, 3)
@@ -152,6 +156,7 @@ def _emit(like: Node, op: str, inputs: list[Node], attrs: dict[str, Any], suffix
 def sink_reshapes(graph: Graph) -> Graph:
     """Move leading-dim regrouping reshapes of matmul results below the pointwise ops after them."""
     users = graph.users()
+    to_norm = feeds_row_reduction(graph, users) if settings.norm_residual else set()
     from_matmul: dict[int, bool] = {}
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
@@ -162,7 +167,8 @@ def sink_reshapes(graph: Graph) -> Graph:
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         new = node.replace(inputs=inputs) if changed else node
         single = [len({u.id for u in users.get(i.id, [])}) == 1 for i in node.inputs]
-        new = _batched_matmul_rule(new) or _sink_rule(new, single, from_matmul) or new
+        new = _batched_matmul_rule(new) or (None if node.id in to_norm else _sink_rule(new, single, from_matmul)) \
+            or new
         if new.op == "reshape" and new.inputs[0].op == "reshape":   # reshape(reshape(y)): one reshape
             inner_src = new.inputs[0].inputs[0]
             collapsed = inner_src if inner_src.shape == new.shape else \
@@ -176,6 +182,28 @@ def sink_reshapes(graph: Graph) -> Graph:
     if all(a is b for a, b in zip(outputs, graph.outputs, strict=True)):
         return graph
     return graph.with_(outputs=outputs)
+
+
+def feeds_row_reduction(graph: Graph, users: dict[int, list[Node]]) -> set[int]:
+    """Ids of pointwise nodes whose value reaches, through pointwise ops of its own shape only, a
+    reduction over trailing dims (a LayerNorm's mean and variance): the chains sink_reshapes leaves
+    in the reduction's shape under settings.norm_residual."""
+    found: set[int] = set()
+    for node in reversed(graph.nodes):
+        if not get_op(node.op).has(POINTWISE) or node.multi_output:
+            continue
+        for u in users.get(node.id, []):
+            opdef = get_op(u.op)
+            if opdef.has(REDUCTION) and u.inputs[0] is node and not is_unit_reduction(u):
+                rank = len(node.shape)
+                dims = _reduced_dims(u)
+                if dims and dims == tuple(range(rank - len(dims), rank)) and len(dims) < rank:
+                    found.add(node.id)
+                    break
+            if u.id in found and u.shape == node.shape:
+                found.add(node.id)
+                break
+    return found
 
 
 def _from_matmul(n: Node, known: dict[int, bool]) -> bool:
