@@ -257,6 +257,33 @@ def test_sdpa_inference_and_training():
     assert any("attention" in op for op in report.compiled_ops)
 
 
+def test_qkv_views_saved_for_the_backward_are_not_copied(monkeypatch):
+    """q, k, v sliced out of one qkv projection (batch > 1) are saved for the backward: the forward's
+    plan returns them as views of the projection's result, with its gaps (no copy kernel), and the
+    backward's plan is built for those strides (no rebuild at its first call). Two steps match eager."""
+    from fusegraph.frontends import torch_partition
+
+    built = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self, input_vals, build_options):
+        original(self, input_vals, build_options)
+        built.append(self)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    model, x = Attention(d=32), rand(2, 8, 32)
+    compiled = _check_training(model, x)
+    model.zero_grad()
+    _check_training(model, rand(2, 8, 32))                     # a second step: the same plans
+    forward = next(p for p in built if p.record.name.startswith("forward"))
+    backward = next(p for p in built if p.record.name.startswith("backward"))
+    assert sorted(forward._record_saved) == sorted(forward._gapped_saved) and len(forward._gapped_saved) == 3
+    assert all(not k.startswith("pointwise/") for k in forward.record.kernel_ops), forward.record.kernel_ops
+    assert sorted(backward._arg_strides.values()) == sorted(forward._record_saved.values())
+    assert backward.plan._variants == {} and forward.plan._variants == {}
+    assert compiled.fusegraph_report.fallback_ops == {}
+
+
 class TinyLM(nn.Module):
     def __init__(self, vocab: int = 10, d: int = 16) -> None:
         super().__init__()

@@ -326,6 +326,9 @@ def _random_inputs(node: Node, device: str) -> list[torch.Tensor]:
             t = torch.zeros(n.shape, dtype=dt, device=device)
         else:
             t = torch.randn(n.shape, device=device).to(dt)
+        strides = n.spec.memory_strides
+        if t.dim() and tuple(t.stride()) != tuple(strides):   # laid out as the plan passes it (e.g. q as a
+            t = torch.empty_strided(n.shape, strides, dtype=dt, device=device).copy_(t)   # view of qkv)
         out.append(t)
     return out
 

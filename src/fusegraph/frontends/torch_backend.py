@@ -193,7 +193,8 @@ class Session:
         from torch._dynamo.backends.common import aot_autograd
 
         split: dict[str, Any] = {}   # the forward's user outputs (the rest: activations saved for the backward)
-        backend = aot_autograd(fw_compiler=self._compiler("forward", split), bw_compiler=self._compiler("backward"),
+        backend = aot_autograd(fw_compiler=self._compiler("forward", split),
+                               bw_compiler=self._compiler("backward", split),
                                inference_compiler=self._compiler("inference"),
                                decompositions=decomposition_table(), partition_fn=partition_fn(split),
                                **aot_autograd_options())   # inference graphs keep input mutations (copy_)
@@ -209,7 +210,8 @@ class Session:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             # a training forward's outputs past num_fwd_outputs are saved activations: only the backward
             # reads them, so the caller never keeps one past the next step (reuse plans need not clone them)
-            held = None if split is None or "num_fwd_outputs" not in split else range(split["num_fwd_outputs"])
+            held = range(split["num_fwd_outputs"]) if kind == "forward" and split is not None \
+                and "num_fwd_outputs" in split else None
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors.
             # It also leaves the Python dispatcher on for the forward's compiler: every torch call of the
             # build (example inputs, tuning launches, checks) then took the host 3-5x longer (CPU: 1000
@@ -218,8 +220,10 @@ class Session:
                 # training graphs had it on the joint graph (partition_fn); again here in case that
                 # one could not decide (a no-op when it did)
                 rewrite_causal_masks(gm)
+                # saved activations the forward returns as views with gaps: the backward declares them so
+                saved = split.setdefault("saved_strides", {}) if split is not None else None
                 split_gm, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
-                                                   static_input_indices(kind), held)
+                                                   static_input_indices(kind), held, saved)
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
             if new_ops:

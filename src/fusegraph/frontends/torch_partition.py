@@ -211,8 +211,16 @@ class CompiledPartition(torch.nn.Module):
                  build_options: dict[str, Any], warn: Callable[[str], None],
                  static_args: frozenset[int] = frozenset(),
                  constant_args: dict[int, torch.Tensor] | None = None,
-                 held: frozenset[int] | None = None) -> None:
+                 held: frozenset[int] | None = None, arg_strides: dict[int, tuple[int, ...]] | None = None,
+                 gapped_saved: set[str] | None = None, record_saved: dict[str, tuple[int, ...]] | None = None
+                 ) -> None:
         super().__init__()
+        # saved activations crossing to the backward with gaps (views of a larger result, no copy):
+        # the backward's inputs declared with those strides (arg_strides, by position); the forward's
+        # outputs that may be returned so (gapped_saved, by node name), recorded in record_saved when they are
+        self._arg_strides = arg_strides or {}
+        self._gapped_saved = gapped_saved or set()
+        self._record_saved = record_saved
         # storages of the graph outputs a caller may keep (None: all): the plan outputs sharing none
         # of them are never kept past the next call (build option held_outputs)
         self._held = held
@@ -286,7 +294,7 @@ class CompiledPartition(torch.nn.Module):
             if not isinstance(val, torch.Tensor):
                 raise TypeError(f"partition input {node.name} is a {type(val).__name__}, not a tensor")
             self._plan_inputs.append(index)
-            shape, strides = tuple(val.shape), boundary_strides(val)
+            shape, strides = tuple(val.shape), self._arg_strides.get(index) or boundary_strides(val)
             dense = strides == contiguous_strides(shape)
             env[node] = g.tensor(shape, dtypes.canonical(val.dtype), name=node.name,
                                  layout=None if dense else "strided", strides=None if dense else strides,
@@ -314,6 +322,7 @@ class CompiledPartition(torch.nn.Module):
         plan_outputs: list[Tensor] = []
         out_strides: list[tuple[int, ...] | None] = []
         kept: set[int] = set()   # plan outputs a caller may keep
+        gapped_at: dict[int, tuple[str, tuple[int, ...]]] = {}   # plan output -> (name, traced strides)
         self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
@@ -338,7 +347,11 @@ class CompiledPartition(torch.nn.Module):
             if all(value is not t for t in plan_outputs):
                 plan_outputs.append(value)
                 val = out.meta.get("val")   # returned in torch's layout (no restriding copy after)
-                out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
+                if out.name in self._gapped_saved and isinstance(val, torch.Tensor):
+                    gapped_at[len(plan_outputs) - 1] = (out.name, tuple(val.stride()))
+                    out_strides.append(tuple(val.stride()))   # with its gaps, if the plan can make it a view
+                else:
+                    out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
             position = next(i for i, t in enumerate(plan_outputs) if t is value)
             key = storage_key(out.meta.get("val"))
             if self._held is None or key is None or key in self._held:
@@ -355,6 +368,11 @@ class CompiledPartition(torch.nn.Module):
             held = {} if self._held is None else {"held_outputs": sorted(kept)}
             self.plan = g.build(device=None if self._device is None else self._device.type,
                                 **{"output_strides": out_strides, **held, **build_options})
+            if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
+                for k, (name, traced) in gapped_at.items():
+                    spec = self.plan.graph.outputs[k].spec
+                    if _same_layout(tuple(spec.shape), tuple(spec.memory_strides), traced):
+                        self._record_saved[name] = traced
 
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":
@@ -393,6 +411,10 @@ class CompiledPartition(torch.nn.Module):
             return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
         except RuntimeError:  # no fill kernel for this dtype on this device (uint64): unread anyway
             return torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
+
+
+def _same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y for x, y, size in zip(a, b, shape, strict=True) if size > 1)
 
 
 def _ancestors(nodes: Sequence[Any]) -> set[int]:
@@ -505,12 +527,16 @@ def _attr(module: torch.nn.Module, target: str) -> Any:
 
 def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str, Any],
                     warn: Callable[[str], None], static_inputs: Sequence[int] = (),
-                    held_outputs: Sequence[int] | None = None) -> tuple[torch.fx.GraphModule, GraphRecord]:
+                    held_outputs: Sequence[int] | None = None, saved_strides: dict[str, tuple[int, ...]] | None = None
+                    ) -> tuple[torch.fx.GraphModule, GraphRecord]:
     """The FX graph with each supported region replaced by a CompiledPartition module. `static_inputs`:
     positions of gm's placeholders that are parameters or buffers (the same tensors at every call);
     a partition reading one directly declares it a static input (read in place by a CUDA graph).
     `held_outputs`: positions of gm's outputs the caller may keep past its next call (None: all); a
-    partition output sharing storage with none of them is never kept (build option held_outputs)."""
+    partition output sharing storage with none of them is never kept (build option held_outputs).
+    `saved_strides` (training): a forward records in it, by node name, the saved activations its plans
+    return with gaps, as views of a larger result (q, k, v of a fused qkv projection), instead of
+    copying them dense; the backward, whose inputs carry the same names, declares those inputs so."""
     held = held_storages(gm, held_outputs)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     static_names = {placeholders[i] for i in static_inputs if 0 <= i < len(placeholders)}
@@ -522,6 +548,8 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if any(n.target not in VIEW_OPS for n in p.nodes)]
+    gapped_saved = _gapped_saved(gm, partitions, held_outputs) if kind == "forward" and saved_strides is not None \
+        else set()
     for node, reason in support.reasons.items():   # write-backs: not an op of the model (record.mutations)
         if node.target is not operator.getitem and write_back_input(node) is None:
             record.fallbacks[(op_name(node), reason)] += 1
@@ -541,12 +569,38 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
         constant_args = {i: _attr(split, str(a.target)) for i, a in enumerate(node.args)
                          if isinstance(a, torch.fx.Node) and a.op == "get_attr"
                          and isinstance(_attr(split, str(a.target)), torch.Tensor)}
-        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args, held)
+        arg_strides = {i: saved_strides[a.name] for i, a in enumerate(node.args)
+                       if kind == "backward" and saved_strides and isinstance(a, torch.fx.Node)
+                       and a.op == "placeholder" and a.name in saved_strides}
+        compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args, held,
+                                     arg_strides, gapped_saved, saved_strides if kind == "forward" else None)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
     order_write_backs(split)   # copy_(input, new) after every partition that reads the old value
     return split, record
+
+
+def _gapped_saved(gm: torch.fx.GraphModule, partitions: Sequence[Any], held_outputs: Sequence[int] | None) -> set[str]:
+    """Names of a forward's saved activations (outputs past `held_outputs`) traced with gaps, read by
+    nothing outside the partition computing them: its plan may return them as views (no copy)."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None or held_outputs is None:
+        return set()
+    values = list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
+    kept = set(held_outputs)
+    members = {n: p for p in partitions for n in p.nodes}
+    names = set()
+    for i, node in enumerate(values):
+        if i in kept or not isinstance(node, torch.fx.Node) or node not in members:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or is_non_overlapping_and_dense(val) or \
+                dense_strides_in_order(val) is None:
+            continue
+        if all(u.op == "output" or members.get(u) is members[node] for u in node.users):
+            names.add(node.name)
+    return names
 
 
 def storage_key(val: Any) -> int | None:

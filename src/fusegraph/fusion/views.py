@@ -21,7 +21,9 @@ Run on the primitive graph just before partitioning (compiler.py, fused lowering
    Its TensorSpec then carries the real strides, which every consumer reads (generated Triton
    kernels bake spec strides into their indexing; the GEMM takes them as literals; library kernels
    take any strides). A reshape that regroups non-contiguous dims stays a copy. Graph outputs
-   stay dense: an output view is an alias only when its strides are the contiguous ones.
+   stay dense (an output view is an alias only when its strides are the contiguous ones), unless
+   `output_strides` asks a view output for a layout with gaps and the alias has exactly that layout
+   (the torch frontend does so for q, k, v saved for the backward: views of one qkv result).
 
    An attention output read only through transpose(1, 2) (then usually reshape [B, T, H*D]) is
    laid out as [B, T, H, D] in memory (what torch's SDPA backends produce anyway), so the
@@ -228,20 +230,49 @@ def _fold(node: Node, in_strides: tuple[int, ...]) -> tuple[tuple[int, ...], int
 def output_layouts(graph: Graph, output_strides: Sequence[Any] | None = None) -> dict[int, tuple[int, ...]]:
     """Graph outputs -> the strides they are to be returned in: `output_strides` (one entry per
     output, None = contiguous; the torch frontend asks for the strides torch would have produced, a
-    dense permutation) where valid for the output's shape, else a spec's own explicit strides."""
+    dense permutation, or for a view output a layout with gaps, which only an alias can give: else
+    it is returned dense in that order) where valid for the output's shape, else a spec's own
+    explicit strides."""
     wanted: dict[int, tuple[int, ...]] = {}
     given = list(output_strides or [])
     for k, node in enumerate(graph.outputs):
         if node.multi_output:
             continue
         ask = given[k] if k < len(given) else None
-        if ask is not None and _dense_permutation(node.shape, tuple(ask)):
+        if ask is not None and (_dense_permutation(node.shape, tuple(ask)) or
+                                (get_op(node.op).has(VIEW) and gapped(node.shape, tuple(ask)))):
+            # a layout with gaps only for a view, which returns it as an alias or else dense (assign_view_strides)
             wanted[node.id] = tuple(int(s) for s in ask)
         elif node.spec.strides is not None:
             wanted[node.id] = node.spec.strides
         else:
             wanted[node.id] = node.spec.memory_strides
     return wanted
+
+
+def gapped(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Non-overlapping strides with gaps between elements (e.g. q as a view of a fused qkv result)."""
+    return len(strides) == len(shape) and dense_in_order(shape, strides) is not None and \
+        not _dense_permutation(shape, strides)
+
+
+def dense_in_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Dense strides in the dimension order of `strides` (innermost = smallest), or None when
+    `strides` overlap (a stride-0 broadcast)."""
+    dims = sorted(range(len(shape)), key=lambda i: (strides[i], i))
+    reach = 1
+    for i in dims:
+        if shape[i] == 1:
+            continue
+        if strides[i] < reach:
+            return None
+        reach = strides[i] * shape[i]
+    out = [0] * len(shape)
+    expected = 1
+    for i in dims:
+        out[i] = expected
+        expected *= max(int(shape[i]), 1)
+    return tuple(out)
 
 
 def _dense_permutation(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -460,7 +491,11 @@ def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = Non
             new_specs[node.id] = aliases[node.id][0]
         elif node.id in wanted and get_op(node.op).has(VIEW) and \
                 not _same_strides(node.shape, wanted[node.id], node.spec.memory_strides):
-            new_specs[node.id] = wanted[node.id]     # a copied view output, written in that layout
+            # a copied view output, written in that layout (one asked with gaps: dense, in its order)
+            ask = wanted[node.id]
+            layout = dense_in_order(node.shape, ask) if gapped(node.shape, ask) else ask
+            if layout is not None and not _same_strides(node.shape, layout, node.spec.memory_strides):
+                new_specs[node.id] = layout
     if not new_specs and not grads:
         return graph
     mapping: dict[int, Node] = {}
