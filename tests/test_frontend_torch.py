@@ -282,6 +282,12 @@ def test_qkv_views_saved_for_the_backward_are_not_copied(monkeypatch):
     assert sorted(backward._arg_strides.values()) == sorted(forward._record_saved.values())
     assert backward.plan._variants == {} and forward.plan._variants == {}
     assert compiled.fusegraph_report.fallback_ops == {}
+    built.clear()
+    torch._dynamo.reset()
+    with override(saved_views=False):                           # off: copied dense, as before
+        _check_training(Attention(d=32), rand(2, 8, 32))
+    forward = next(p for p in built if p.record.name.startswith("forward"))
+    assert forward._record_saved is None and any(k.startswith("pointwise/") for k in forward.record.kernel_ops)
 
 
 class TinyLM(nn.Module):

@@ -135,6 +135,10 @@ _register("norm_residual", bool, lambda: False,
           "(a transformer's LayerNorm) fuses into the normalization's kernel instead of the matmul's epilogue; "
           "the matmul keeps its bias, which cuBLAS can compute itself (fusion/views.py). Off: the epilogue "
           "takes the residual.")
+_register("saved_views", bool, lambda: True,
+          "Training: activations saved for the backward that torch traced as views with gaps (q, k, v sliced "
+          "out of one qkv projection) are returned as views of that result, and the backward's plan reads "
+          "them so, instead of a dense copy of each; off: copied dense.")
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")
