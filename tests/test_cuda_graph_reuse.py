@@ -134,6 +134,19 @@ def test_reuse_is_a_known_option() -> None:
     assert cuda_graph.check_graph_outputs("reuse") == "reuse"
 
 
+def _mlp_training() -> tuple[Any, ...]:
+    """A small MLP, its eager twin, the MLP compiled with mode="reduce-overhead", and an SGD for each."""
+    from fusegraph.frontends.torch_backend import Session
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=Session("reduce-overhead"))
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    return model, ref, compiled, opt, ref_opt
+
+
 @pytest.mark.usefixtures("fake_cuda")
 def test_reduce_overhead_training_reuses_activations_and_gradients(built_partitions: list[Any]) -> None:
     """torch.compile(mode="reduce-overhead") training: forward and backward plans are captured with
@@ -144,12 +157,7 @@ def test_reduce_overhead_training_reuses_activations_and_gradients(built_partiti
     built = built_partitions
     assert Session("reduce-overhead")._build_options("backward")["graph_outputs"] == "reuse"
     assert "graph_outputs" not in Session("reduce-overhead")._build_options("inference")
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
-    ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=Session("reduce-overhead"))
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    model, ref, compiled, opt, ref_opt = _mlp_training()
     for _ in range(4):
         x = rand(8, 16)
         for m, o in ((compiled, opt), (ref, ref_opt)):
@@ -222,16 +230,10 @@ def test_saved_activations_are_never_cloned_even_when_small(built_partitions: li
     """A training forward's small outputs: what the caller gets (the model output, kept past the next
     step here) is cloned; the activations saved for the backward are not (build option held_outputs
     leaves them out), so the backward reads them in place instead of a clone plus a copy each."""
-    from fusegraph.frontends.torch_backend import Session
 
     monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)   # every output of this model is small
     built = built_partitions
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
-    ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=Session("reduce-overhead"))
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    model, ref, compiled, opt, ref_opt = _mlp_training()
     kept: list[torch.Tensor] = []
     for _ in range(4):
         x = rand(8, 16)
