@@ -4,10 +4,12 @@ On a CUDA GPU: device time from CUDA events around each call, each after flushin
 median. By default the number of calls scales with the kernel's duration (`short_budget`): after
 one call and a 3-call estimate, a few warm-up calls and 10..50 timed calls, so a kernel of tens
 of microseconds is timed in a few milliseconds, not 125 ms. The GPU's queue is kept ahead of the
-host (`queued_bench_ms`): inside a plan build a Triton launch took the host 70-110 us, longer than
-the flush before it, and plain event timing then counted the GPU's wait for the launch (GPT-2's
-forward GEMMs timed 1.3-2.9x their device time, so the tuner picked slower kernels;
-bench/tune_timing_gpu.py). Passing `warmup_ms`/`rep_ms` asks for
+host (`queued_bench_ms`): inside a plan build a Triton launch took the host 70-110 us (the
+training forward's build ran under AOTAutograd's Python dispatcher, since switched off there),
+longer than the flush before it, and plain event timing then counted the GPU's wait for the launch
+(GPT-2's forward GEMMs timed 1.3-2.9x their device time, so the tuner picked slower kernels;
+bench/tune_timing_gpu.py). Any slow launch path would do the same; the spin makes the timing
+independent of it. Passing `warmup_ms`/`rep_ms` asks for
 the fixed-duration protocol (triton.testing.do_bench when Triton is installed).
 Without a GPU the same protocol runs on the host clock, so CPU code and tests can use it too.
 """
