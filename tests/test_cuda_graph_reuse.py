@@ -251,12 +251,13 @@ def test_saved_activations_are_never_cloned_even_when_small(built_partitions: li
     forward, backward = plans["forward"], plans["backward"]
     held = forward.held_outputs
     assert held is not None and 0 < len(held) < len(forward.graph.outputs), held
-    assert backward.held_outputs is None                       # gradients: the caller may keep any
+    assert backward.held_outputs == ()                          # gradients: tracked, never cloned
     fw, bw = forward.cuda_graph, backward.cuda_graph
     assert fw.captured is not None and bw.captured is not None
     for j in range(len(forward.graph.outputs)):
         assert (f"O{j}.clone()" if j in held else f"O{j}.detach()") in fw.replay_source, fw.replay_source
     assert bw.chained_inputs, bw.replay_source                # the saved activations, read in place
+    assert ".clone()" not in bw.replay_source, bw.replay_source
     assert fw.live_calls == 0 and bw.live_calls == 0 and fw.captured.graph.replays == 3
     assert kept[0].data_ptr() != kept[2].data_ptr()           # outputs kept by the caller are its own
 
@@ -269,3 +270,54 @@ def test_held_outputs_option_is_checked() -> None:
     assert g.build(device="cpu").held_outputs is None
     with pytest.raises(InvalidValueError, match="held_outputs"):
         g.build(device="cpu", held_outputs=[2])
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_gradients_kept_across_steps_stay_correct(built_partitions: list[Any],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """zero_grad(set_to_none=False) and two backwards per step: autograd accumulates each step's
+    gradients into the .grad tensors it kept (made at the first, uncaptured call), so the backward's
+    outputs (small ones included, which its plan does not clone) are never kept and every later call
+    replays; accumulated gradients and weights match eager step for step."""
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)
+    model, ref, compiled, opt, ref_opt = _mlp_training()
+    for _ in range(4):
+        x = rand(8, 16)
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=False)
+            (m(x) ** 2).mean().backward()
+            (m(x + 1) ** 2).mean().backward()         # accumulated into the kept gradients
+            o.step()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert_close(p.grad, q.grad, tol=1e-5, what="accumulated gradient")
+            assert_close(p, q, tol=1e-5, what="weights after the step")
+    backward = next(p.plan for p in built_partitions if p.plan is not None and p.plan.graph.name.startswith("back"))
+    runner = backward.cuda_graph
+    assert runner is not None and runner.captured is not None and runner.captured.graph.replays >= 5
+    assert runner.live_calls == 0
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_gradients_the_caller_keeps_are_never_overwritten(built_partitions: list[Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The previous step's gradients kept by the caller (g = p.grad, then zero_grad(set_to_none=True)):
+    the next backward runs kernel by kernel rather than replay into them; they keep their values."""
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)
+    model, ref, compiled, opt, ref_opt = _mlp_training()
+    kept: list[list[torch.Tensor]] = []
+    snapshot: list[list[torch.Tensor]] = []
+    for _ in range(4):
+        x = rand(8, 16)
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            (m(x) ** 2).mean().backward()
+            o.step()
+        kept.append([p.grad for p in model.parameters()])          # the caller keeps them
+        snapshot.append([p.grad.clone() for p in model.parameters()])   # their values when made
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert_close(p.grad, q.grad, tol=1e-5, what="gradient")
+    for step, copies in zip(kept, snapshot, strict=True):
+        for g, c in zip(step, copies, strict=True):
+            assert torch.equal(g, c)
+    backward = next(p.plan for p in built_partitions if p.plan is not None and p.plan.graph.name.startswith("back"))
+    assert backward.cuda_graph is not None and backward.cuda_graph.live_calls > 0

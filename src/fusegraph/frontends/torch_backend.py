@@ -209,9 +209,15 @@ class Session:
                   ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             # a training forward's outputs past num_fwd_outputs are saved activations: only the backward
-            # reads them, so the caller never keeps one past the next step (reuse plans need not clone them)
-            held = range(split["num_fwd_outputs"]) if kind == "forward" and split is not None \
-                and "num_fwd_outputs" in split else None
+            # reads them, so the caller never keeps one past the next step (reuse plans need not clone them).
+            # A backward's outputs are gradients: tracked like the large ones, never cloned (a caller that
+            # keeps the previous step's gradients, zero_grad(set_to_none=False), already keeps the large
+            # ones, which sends that step kernel by kernel either way)
+            held: Sequence[int] | None = None
+            if kind == "forward" and split is not None and "num_fwd_outputs" in split:
+                held = range(split["num_fwd_outputs"])
+            elif kind == "backward" and split is not None:
+                held = ()
             # AOTAutograd calls compilers with its fake mode active; a Plan's constants must be real tensors.
             # It also leaves the Python dispatcher on for the forward's compiler: every torch call of the
             # build (example inputs, tuning launches, checks) then took the host 3-5x longer (CPU: 1000

@@ -43,8 +43,9 @@ kernel by kernel into fresh memory (correct; e.g. optimizer.zero_grad(set_to_non
 gradients alive). Small outputs (up to SMALL_OUTPUT_BYTES: a loss the caller keeps for logging) are
 cloned instead, so holding them costs nothing; except outputs the builder says no caller keeps
 (build option held_outputs lists the ones that may be kept: the torch backend leaves out a training
-forward's saved activations, which only its backward reads), which are tracked like large ones and
-read in place by the backward, without a clone and a copy each. A reuse plan captures on its second call rather than
+forward's saved activations, which only its backward reads, and every gradient of a backward, as the
+large ones), which are tracked like large ones: saved activations are read in place by the backward,
+without a clone and a copy each. A reuse plan captures on its second call rather than
 its first, so that a plan fed by another reuse plan (a backward reading its forward's saved
 activations) sees those captured buffers as its inputs: an input that lies in another reuse plan's
 outputs is read in place, like a static input (a call where it is elsewhere runs kernel by kernel),
