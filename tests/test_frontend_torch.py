@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import math
+import os
 import warnings
 from typing import Any
 
@@ -159,6 +160,27 @@ def test_transformer_block_training_gradients_match_eager():
     assert report.fallback_ops == {}
     # the backward graph is compiled too, not only the forward
     assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
+
+
+def test_plan_nodes_point_at_the_models_own_lines(monkeypatch):
+    """IR nodes translated from the FX graph carry the model's source line (its traced stack), not a
+    line inside torch's compile machinery: dumps and errors point at the user's code."""
+    from fusegraph.frontends import torch_partition
+
+    built = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self, input_vals, build_options):
+        original(self, input_vals, build_options)
+        built.append(self)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    _check_training(MLP(), rand(4, 8))
+    forward = next(p for p in built if p.record.name.startswith("forward"))
+    sources = {n.source for n in forward.plan.graph.nodes if n.op not in ("input", "scalar")}
+    here = os.path.basename(__file__)
+    assert sources and all(here in src for src in sources if src), sources
+    assert any(f"{here}:{MLP.forward.__code__.co_firstlineno + 1}" in src for src in sources), sources
 
 
 def test_plans_build_without_the_python_dispatcher(monkeypatch):

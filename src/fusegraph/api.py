@@ -5,8 +5,9 @@ modules (fusegraph.ops.*Methods), each next to the op's registry entry."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -88,6 +89,21 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         self._device_hint: str | None = None
         self._static_inputs: set[int] = set()   # input positions declared static=True
 
+    @contextlib.contextmanager
+    def source_at(self, line: str | None) -> Iterator[None]:
+        """Ops added inside are attributed to `line` ("file:line", shown in dumps and errors) instead of
+        the innermost caller outside fusegraph: what a frontend uses to point at the model's own code
+        (the torch frontend: each FX node's traced line). None keeps the caller's line."""
+        if line is None:
+            yield
+            return
+        previous = self._emit.source
+        self._emit.source = line
+        try:
+            yield
+        finally:
+            self._emit.source = previous
+
     # ---- inputs ----
     def tensor(self, shape: Sequence[int], dtype: Any = "float32", name: str | None = None,
                layout: str | None = None, strides: Sequence[int] | None = None,
@@ -159,7 +175,7 @@ class Graph(*OP_METHODS):  # type: ignore[misc]
         raise GraphError(f"{label}: unsupported operand of type {type(value).__name__}: {value!r:.60}")
 
     def _apply(self, op: str, *operands: Any, name: str | None = None, **attrs: Any) -> Any:
-        source = user_source_line()
+        source = self._emit.source or user_source_line()
         node_name = self._claim_name(name, op, op, source)
         label = where(op, node_name, source)
         nodes = [self._node_of(o, op, label) for o in operands]

@@ -9,6 +9,8 @@ warning). Everything else stays in the outer FX graph and runs eagerly.
 from __future__ import annotations
 
 import operator
+import os
+import re
 import traceback
 import warnings
 import weakref
@@ -310,7 +312,8 @@ class CompiledPartition(torch.nn.Module):
             elif node.op == "call_function":
                 args = torch.fx.node.map_arg(node.args, lambda n: env[n])
                 kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
-                env[node] = translate_node(Ctx(g, node), args, kwargs)
+                with g.source_at(model_line(node)):
+                    env[node] = translate_node(Ctx(g, node), args, kwargs)
             elif node.op == "output":
                 out_args = node.args[0]
         self._single = not isinstance(out_args, list | tuple)
@@ -601,6 +604,22 @@ def _gapped_saved(gm: torch.fx.GraphModule, partitions: Sequence[Any], held_outp
         if all(u.op == "output" or members.get(u) is members[node] for u in node.users):
             names.add(node.name)
     return names
+
+
+_TRACE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def model_line(node: torch.fx.Node) -> str | None:
+    """The model's own code line an FX node was traced from ("file:line", the innermost frame of its
+    recorded stack trace), None when it has none."""
+    trace = node.meta.get("stack_trace")
+    if not isinstance(trace, str):
+        return None
+    found = _TRACE_LINE.findall(trace)
+    if not found:
+        return None
+    path, line = found[-1]
+    return f"{os.path.relpath(path) if path.startswith(os.getcwd()) else path}:{line}"
 
 
 def storage_key(val: Any) -> int | None:
