@@ -35,18 +35,19 @@ Otherwise it stays kernel by kernel, and the note says so with the numbers.
 
 Outputs (graph_outputs): "copy" (the default) returns clones; "alias" returns the captured buffers
 themselves, which the next replay overwrites (the caller's promise to be done with them); "reuse"
-returns the captured buffers only while that is safe. For training graphs, whose forward returns
-every activation the backward saves (gigabytes: cloning them costs as much as the launches saved),
-a reuse plan checks before each replay that nothing outside it still references the previous call's
-outputs (the storages' use counts are back to what the plan itself holds) and otherwise runs that call
-kernel by kernel into fresh memory (correct; e.g. optimizer.zero_grad(set_to_none=False) keeping the
-gradients alive). Small outputs (up to SMALL_OUTPUT_BYTES: a loss the caller keeps for logging) are
-cloned instead, so holding them costs nothing; except outputs the builder says no caller keeps
-(build option held_outputs lists the ones that may be kept: the torch backend leaves out a training
-forward's saved activations, which only its backward reads, and every gradient of a backward, as the
-large ones), which are tracked like large ones: saved activations are read in place by the backward,
-without a clone and a copy each. A reuse plan captures on its second call rather than
-its first, so that a plan fed by another reuse plan (a backward reading its forward's saved
+returns the captured buffers only while that is safe. For training graphs, whose forward returns every
+activation the backward saves (gigabytes: cloning them costs as much as the launches saved), a reuse
+plan checks before each replay that nothing outside it still references the previous call's outputs (the
+storages' use counts are back to what the plan itself holds) and otherwise runs that call kernel by
+kernel into fresh memory (correct; e.g. a caller keeping the previous step's gradient tensors, g =
+p.grad; zero_grad(set_to_none=False) does not: autograd accumulates into the .grad tensors it kept, made
+at the first, uncaptured call). Small outputs (up to SMALL_OUTPUT_BYTES: a loss the caller keeps for
+logging) are cloned instead, so holding them costs nothing; except outputs the builder says no caller
+keeps (build option held_outputs lists the ones that may be kept: the torch backend leaves out a
+training forward's saved activations, which only its backward reads, and every gradient of a backward,
+as the large ones), which are tracked like large ones: saved activations are read in place by the
+backward, without a clone and a copy each. A reuse plan captures on its second call rather than its
+first, so that a plan fed by another reuse plan (a backward reading its forward's saved
 activations) sees those captured buffers as its inputs: an input that lies in another reuse plan's
 outputs is read in place, like a static input (a call where it is elsewhere runs kernel by kernel),
 so no copy is made on either side.
