@@ -147,6 +147,29 @@ def _mlp_training() -> tuple[Any, ...]:
     return model, ref, compiled, opt, ref_opt
 
 
+def _sgd_step(m: Any, o: Any, x: torch.Tensor) -> torch.Tensor:
+    o.zero_grad(set_to_none=True)
+    y = m(x)
+    (y ** 2).mean().backward()
+    o.step()
+    return y
+
+
+def _lockstep(setup: tuple[Any, ...], step: Any = _sgd_step, steps: int = 4, after: Any = None) -> None:
+    """`steps` steps of the compiled model and its eager twin on the same fresh inputs; gradients and
+    weights compared after each; `after(outputs)` with both steps' outputs."""
+    model, ref, compiled, opt, ref_opt = setup
+    for _ in range(steps):
+        x = rand(8, 16)
+        outs = [step(m, o, x) for m, o in ((compiled, opt), (ref, ref_opt))]
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert_close(p.grad, q.grad, tol=1e-5, what="gradient")
+            assert_close(p, q, tol=1e-5, what="weights after the step")
+        if after is not None:
+            after(outs)
+        del outs   # not kept into the next step (unless `after` keeps them)
+
+
 @pytest.mark.usefixtures("fake_cuda")
 def test_reduce_overhead_training_reuses_activations_and_gradients(built_partitions: list[Any]) -> None:
     """torch.compile(mode="reduce-overhead") training: forward and backward plans are captured with
@@ -157,15 +180,7 @@ def test_reduce_overhead_training_reuses_activations_and_gradients(built_partiti
     built = built_partitions
     assert Session("reduce-overhead")._build_options("backward")["graph_outputs"] == "reuse"
     assert "graph_outputs" not in Session("reduce-overhead")._build_options("inference")
-    model, ref, compiled, opt, ref_opt = _mlp_training()
-    for _ in range(4):
-        x = rand(8, 16)
-        for m, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=True)
-            (m(x) ** 2).mean().backward()
-            o.step()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert_close(p, q, tol=1e-5, what="weights after the step")
+    _lockstep(_mlp_training())
     torch._dynamo.reset()
     runners = {p.plan.graph.name.split("_")[0]: p.plan.cuda_graph for p in built
                if p.plan is not None and p.plan.cuda_graph is not None}
@@ -233,19 +248,13 @@ def test_saved_activations_are_never_cloned_even_when_small(built_partitions: li
 
     monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)   # every output of this model is small
     built = built_partitions
-    model, ref, compiled, opt, ref_opt = _mlp_training()
     kept: list[torch.Tensor] = []
-    for _ in range(4):
-        x = rand(8, 16)
-        for m, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=True)
-            y = m(x)
-            (y ** 2).mean().backward()
-            o.step()
-            kept.append(y)                       # every step's output stays alive
-        assert_close(kept[-2], kept[-1].detach(), tol=1e-5, what="model output")
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert_close(p, q, tol=1e-5, what="weights after the step")
+
+    def keep(outs: list[torch.Tensor]) -> None:
+        assert_close(outs[0], outs[1].detach(), tol=1e-5, what="model output")
+        kept.extend(outs)                        # every step's output stays alive
+
+    _lockstep(_mlp_training(), after=keep)
     torch._dynamo.reset()
     plans = {p.plan.graph.name.split("_")[0]: p.plan for p in built if p.plan is not None}
     forward, backward = plans["forward"], plans["backward"]
@@ -280,17 +289,13 @@ def test_gradients_kept_across_steps_stay_correct(built_partitions: list[Any],
     outputs (small ones included, which its plan does not clone) are never kept and every later call
     replays; accumulated gradients and weights match eager step for step."""
     monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)
-    model, ref, compiled, opt, ref_opt = _mlp_training()
-    for _ in range(4):
-        x = rand(8, 16)
-        for m, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=False)
-            (m(x) ** 2).mean().backward()
-            (m(x + 1) ** 2).mean().backward()         # accumulated into the kept gradients
-            o.step()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert_close(p.grad, q.grad, tol=1e-5, what="accumulated gradient")
-            assert_close(p, q, tol=1e-5, what="weights after the step")
+    def accumulate(m: Any, o: Any, x: torch.Tensor) -> None:
+        o.zero_grad(set_to_none=False)
+        (m(x) ** 2).mean().backward()
+        (m(x + 1) ** 2).mean().backward()         # accumulated into the kept gradients
+        o.step()
+
+    _lockstep(_mlp_training(), step=accumulate)
     backward = next(p.plan for p in built_partitions if p.plan is not None and p.plan.graph.name.startswith("back"))
     runner = backward.cuda_graph
     assert runner is not None and runner.captured is not None and runner.captured.graph.replays >= 5
@@ -303,19 +308,16 @@ def test_gradients_the_caller_keeps_are_never_overwritten(built_partitions: list
     """The previous step's gradients kept by the caller (g = p.grad, then zero_grad(set_to_none=True)):
     the next backward runs kernel by kernel rather than replay into them; they keep their values."""
     monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)
-    model, ref, compiled, opt, ref_opt = _mlp_training()
+    setup = _mlp_training()
+    model = setup[0]
     kept: list[list[torch.Tensor]] = []
     snapshot: list[list[torch.Tensor]] = []
-    for _ in range(4):
-        x = rand(8, 16)
-        for m, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=True)
-            (m(x) ** 2).mean().backward()
-            o.step()
-        kept.append([p.grad for p in model.parameters()])          # the caller keeps them
+
+    def keep(outs: list[torch.Tensor]) -> None:
+        kept.append([p.grad for p in model.parameters()])               # the caller keeps them
         snapshot.append([p.grad.clone() for p in model.parameters()])   # their values when made
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert_close(p.grad, q.grad, tol=1e-5, what="gradient")
+
+    _lockstep(setup, after=keep)
     for step, copies in zip(kept, snapshot, strict=True):
         for g, c in zip(step, copies, strict=True):
             assert torch.equal(g, c)

@@ -31,6 +31,22 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def built_partitions(monkeypatch):
+    """Every torch-backend partition built while the test runs (its record, plan and boundary layouts)."""
+    from fusegraph.frontends import torch_partition
+
+    built = []
+    original = torch_partition.CompiledPartition._build
+
+    def spy(self, input_vals, build_options):
+        original(self, input_vals, build_options)
+        built.append(self)
+
+    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    return built
+
+
 class MLP(nn.Module):
     def __init__(self, d_in: int = 8, d_hidden: int = 16, d_out: int = 4) -> None:
         super().__init__()
@@ -162,19 +178,10 @@ def test_transformer_block_training_gradients_match_eager():
     assert all(p.status == "fusegraph" for p in report.graphs[1].partitions) and report.graphs[1].partitions
 
 
-def test_plan_nodes_point_at_the_models_own_lines(monkeypatch):
+def test_plan_nodes_point_at_the_models_own_lines(built_partitions):
     """IR nodes translated from the FX graph carry the model's source line (its traced stack), not a
     line inside torch's compile machinery: dumps and errors point at the user's code."""
-    from fusegraph.frontends import torch_partition
-
-    built = []
-    original = torch_partition.CompiledPartition._build
-
-    def spy(self, input_vals, build_options):
-        original(self, input_vals, build_options)
-        built.append(self)
-
-    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    built = built_partitions
     _check_training(MLP(), rand(4, 8))
     forward = next(p for p in built if p.record.name.startswith("forward"))
     sources = {n.source for n in forward.plan.graph.nodes if n.op not in ("input", "scalar")}
@@ -279,20 +286,11 @@ def test_sdpa_inference_and_training():
     assert any("attention" in op for op in report.compiled_ops)
 
 
-def test_qkv_views_saved_for_the_backward_are_not_copied(monkeypatch):
+def test_qkv_views_saved_for_the_backward_are_not_copied(built_partitions):
     """q, k, v sliced out of one qkv projection (batch > 1) are saved for the backward: the forward's
     plan returns them as views of the projection's result, with its gaps (no copy kernel), and the
     backward's plan is built for those strides (no rebuild at its first call). Two steps match eager."""
-    from fusegraph.frontends import torch_partition
-
-    built = []
-    original = torch_partition.CompiledPartition._build
-
-    def spy(self, input_vals, build_options):
-        original(self, input_vals, build_options)
-        built.append(self)
-
-    monkeypatch.setattr(torch_partition.CompiledPartition, "_build", spy)
+    built = built_partitions
     model, x = Attention(d=32), rand(2, 8, 32)
     compiled = _check_training(model, x)
     model.zero_grad()
