@@ -274,6 +274,41 @@ class Attention(nn.Module):
         return self.out(att.transpose(1, 2).reshape(b, t, d))
 
 
+class MaxPoolNet(nn.Module):
+    """conv -> relu -> max_pool2d (3x3, stride 2, pad 1, as ResNet's stem) -> mean -> linear."""
+
+    def __init__(self, ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
+        self.pool = nn.MaxPool2d(3, 2, 1, ceil_mode=ceil_mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(torch.relu(self.conv(x))).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool_training_compiles_with_torchs_indices(ceil_mode):
+    """Training through max_pool2d: the forward computes the indices as torch does (first maximum of a
+    tie, in-bounds), the backward scatters the gradient to them; nothing falls back, and parameter and
+    input gradients match eager, ties included."""
+    torch.manual_seed(0)
+    model = MaxPoolNet(ceil_mode)
+    ref = copy.deepcopy(model)
+    x = rand(2, 3, 9, 11)
+    x[0, :, :4, :4] = 0.0                      # relu(conv(x)) constant there: ties inside the windows
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    compiled = fg.compile(model)
+    out = compiled(x1)
+    out.square().sum().backward()
+    want = ref(x2)
+    want.square().sum().backward()
+    assert_close(out, want, what="forward")
+    assert_close(x1.grad, x2.grad, tol=1e-5, what="input gradient")
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert_close(p.grad, q.grad, tol=1e-5, what=f"grad {name}")
+    assert compiled.fusegraph_report.fallback_ops == {}
+
+
 def test_sdpa_inference_and_training():
     model, x = Attention(), rand(2, 4, 16)
     with torch.no_grad():
@@ -573,16 +608,16 @@ def test_zoo_ops_translate(name: str, fn: Any, inputs: tuple[torch.Tensor, ...],
     assert op in report.compiled_ops
 
 
-def test_max_pool_training_falls_back_cleanly():
-    """The backward of max_pool2d reads its indices: the forward pool and its backward run in torch, the
-    rest compiles, gradients match."""
-    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.Flatten(),
-                          nn.Linear(3 * 4 * 4, 2))
+def test_dilated_max_pool_training_falls_back_cleanly():
+    """A dilated max pool is not translated: it (forward, with its indices) runs in torch, its backward
+    too, the rest compiles, gradients match."""
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1, dilation=2),
+                          nn.Flatten(), nn.Linear(3 * 3 * 3, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackWarning)
         compiled = _check_training(model, rand(2, 2, 8, 8))
     fallbacks = compiled.fusegraph_report.fallback_ops
-    assert "indices" in fallbacks["aten.max_pool2d_with_indices.default"]
+    assert "dilated" in fallbacks["aten.max_pool2d_with_indices.default"]
     assert "aten.convolution.default" in compiled.fusegraph_report.compiled_ops
 
 

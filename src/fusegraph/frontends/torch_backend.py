@@ -56,10 +56,17 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """Core ATen decompositions, except for ops fusegraph translates natively (layer norm, softmax,
     gelu, addmm, convolution, ...): those reach the translator whole."""
     from torch._decomp import core_aten_decompositions
+    from torch._decomp import decomposition_table as torch_decompositions
 
     keep = native_ops()
-    return {op: fn for op, fn in core_aten_decompositions().items()
-            if getattr(op, "overloadpacket", None) not in keep}
+    table = {op: fn for op, fn in core_aten_decompositions().items()
+             if getattr(op, "overloadpacket", None) not in keep}
+    # max pooling's backward: the gradient scattered to the forward's indices (zeros + scatter_add),
+    # which the forward's translator computes as torch does (frontends/torch_ops_more.py)
+    backward = torch.ops.aten.max_pool2d_with_indices_backward.default
+    if backward in torch_decompositions:
+        table[backward] = torch_decompositions[backward]
+    return table
 
 
 def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:

@@ -44,8 +44,6 @@ def _pool_geometry(node: torch.fx.Node) -> tuple[tuple[int, int], tuple[int, int
 
 
 def _max_pool_supports(node: torch.fx.Node) -> str | None:
-    if not node_users_only_first(node):
-        return "the indices of max_pool2d are read (training backward)"
     dilation = node.args[4] if len(node.args) > 4 else node.kwargs.get("dilation", 1)
     if _pair(dilation, (1, 1)) != (1, 1):
         return "dilated max pooling"
@@ -81,10 +79,36 @@ def _max_pool2d(cx: Ctx, x: Any, kernel_size: Any, stride: Any = None, padding: 
                 ceil_mode: bool = False) -> Any:
     kernel, strides, pads = _pool_geometry(cx.node)
     views = _windows(cx, x, kernel, strides, pads, float("-inf"))
-    out = views[0]
-    for v in views[1:]:
-        out = cx.g.maximum(out, v)
-    return (out, None)
+    if node_users_only_first(cx.node):   # inference: the values only
+        out = views[0]
+        for v in views[1:]:
+            out = cx.g.maximum(out, v)
+        return (out, None)
+    return _max_with_indices(cx, x, views, kernel, strides, pads)
+
+
+def _max_with_indices(cx: Ctx, x: Any, views: list[Any], kernel: tuple[int, int], strides: tuple[int, int],
+                      pads: tuple[int, int]) -> tuple[Any, Any]:
+    """Values and indices (into each input plane, h * W + w) of max pooling, as torch computes them:
+    the windows scanned row by row from -inf and the window's first in-bounds index, a value taking
+    over when it is strictly greater or NaN (the first maximum wins a tie, the last NaN wins). The
+    padding (-inf) never takes over, so every index lies inside the input (what the backward's
+    scatter of the gradient reads)."""
+    g = cx.g
+    w = x.shape[-1]
+    shape = _out_shape(cx)
+    rank = len(shape)
+    top = g.add(g.mul(g.iota(shape, rank - 2), strides[0]), -pads[0])    # the window's first row, per output
+    left = g.add(g.mul(g.iota(shape, rank - 1), strides[1]), -pads[1])
+    best = g.expand(g.cast(g.constant(torch.tensor(float("-inf"))), views[0].dtype), shape)
+    index = g.add(g.mul(g.maximum(top, 0), w), g.maximum(left, 0))
+    for k, v in enumerate(views):
+        i, j = divmod(k, kernel[1])
+        at = g.add(g.mul(g.add(top, i), w), g.add(left, j))
+        takes = g.logical_or(g.gt(v, best), g.ne(v, v))
+        best = g.where(takes, v, best)
+        index = g.where(takes, at, index)
+    return (best, index)
 
 
 @translates(aten.avg_pool2d.default)
