@@ -249,3 +249,14 @@ def test_bmm_of_views_becomes_a_batched_matmul_without_copies() -> None:
     kernels = kernel_lists(compiled)["inference"]
     assert len(kernels) <= 10 and len(layout_only(kernels)) <= 1, kernels   # was 13 (4 reshape copies)
     assert sum(k.startswith("matmul/") for k in kernels) == 6, kernels
+
+
+def test_layouts_with_gaps_are_told_apart_from_dense_and_overlapping_ones():
+    from fusegraph.fusion.views import dense_in_order, gapped
+
+    q = (2, 4, 8, 16)                                   # [B, H, T, D] sliced out of [B, T, 3*H*D]
+    qkv_view = (8 * 3 * 64, 16, 3 * 64, 1)
+    assert gapped(q, qkv_view) and dense_in_order(q, qkv_view) == (512, 16, 64, 1)
+    assert not gapped(q, (512, 128, 16, 1))             # contiguous
+    assert not gapped(q, (512, 16, 64, 1))              # a dense permutation ([B, T, H, D] in memory)
+    assert dense_in_order(q, (0, 16, 64, 1)) is None and not gapped(q, (0, 16, 64, 1))   # broadcast

@@ -494,20 +494,9 @@ def boundary_strides(val: torch.Tensor) -> tuple[int, ...]:
 def dense_strides_in_order(t: torch.Tensor) -> tuple[int, ...] | None:
     """Dense strides with `t`'s dimension order (innermost = smallest stride), or None when `t`
     has overlapping elements (a stride-0 or otherwise aliased layout)."""
-    dims = sorted(range(t.dim()), key=lambda i: (t.stride()[i], i))
-    reach = 1
-    for i in dims:  # non-overlapping: every stride reaches past the span of the smaller ones
-        if t.shape[i] == 1:
-            continue
-        if t.stride()[i] < reach:
-            return None
-        reach = t.stride()[i] * t.shape[i]
-    strides = [0] * t.dim()
-    expected = 1
-    for i in dims:
-        strides[i] = expected
-        expected *= max(int(t.shape[i]), 1)
-    return tuple(strides)
+    from ..fusion.views import dense_in_order
+
+    return dense_in_order(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
 def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
