@@ -223,8 +223,8 @@ class Session:
             # a training forward's outputs past num_fwd_outputs are saved activations: only the backward
             # reads them, so the caller never keeps one past the next step (reuse plans need not clone them).
             # A backward's outputs are gradients: tracked like the large ones, never cloned (a caller that
-            # keeps the previous step's gradients, zero_grad(set_to_none=False), already keeps the large
-            # ones, which sends that step kernel by kernel either way)
+            # keeps the previous step's gradient tensors, g = p.grad, keeps the large ones too, which sends
+            # that backward kernel by kernel either way; zero_grad(set_to_none=False) keeps replaying)
             held: Sequence[int] | None = None
             if kind == "forward" and split is not None and "num_fwd_outputs" in split:
                 held = range(split["num_fwd_outputs"])

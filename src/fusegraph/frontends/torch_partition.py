@@ -25,6 +25,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..api import Graph, Tensor
+from ..fusion.views import _same_strides, dense_in_order
 from ..ir import dtypes
 from ..ir.spec import contiguous_strides
 from ..settings import settings
@@ -374,7 +375,7 @@ class CompiledPartition(torch.nn.Module):
             if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
                 for k, (name, traced) in gapped_at.items():
                     spec = self.plan.graph.outputs[k].spec
-                    if _same_layout(tuple(spec.shape), tuple(spec.memory_strides), traced):
+                    if _same_strides(tuple(spec.shape), tuple(spec.memory_strides), traced):
                         self._record_saved[name] = traced
 
     def forward(self, *args: Any) -> Any:
@@ -414,10 +415,6 @@ class CompiledPartition(torch.nn.Module):
             return torch.zeros(tuple(val.shape), dtype=val.dtype, device=device)
         except RuntimeError:  # no fill kernel for this dtype on this device (uint64): unread anyway
             return torch.empty(tuple(val.shape), dtype=val.dtype, device=device)
-
-
-def _same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(x == y for x, y, size in zip(a, b, shape, strict=True) if size > 1)
 
 
 def _ancestors(nodes: Sequence[Any]) -> set[int]:
@@ -494,8 +491,6 @@ def boundary_strides(val: torch.Tensor) -> tuple[int, ...]:
 def dense_strides_in_order(t: torch.Tensor) -> tuple[int, ...] | None:
     """Dense strides with `t`'s dimension order (innermost = smallest stride), or None when `t`
     has overlapping elements (a stride-0 or otherwise aliased layout)."""
-    from ..fusion.views import dense_in_order
-
     return dense_in_order(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
