@@ -94,11 +94,13 @@ class _FakeGraph:
     fail_at: str | None = None
     last: _FakeGraph | None = None
     wrong: float | None = None      # scale the result: a plan that computes something else
+    made: list[_FakeGraph] = []
 
     def __init__(self, **kw: Any) -> None:
         self.kw, self.steps, self.ops = kw, [], []
         self.tensors: dict[str, _FakeTensor] = {}
         _FakeGraph.last = self
+        _FakeGraph.made.append(self)
 
     def tensor(self, name: str, dim: list[int], stride: list[int], data_type: Any) -> _FakeTensor:
         self.tensors[name] = _FakeTensor(name, dim, stride)
@@ -148,12 +150,16 @@ class _FakeGraph:
             q, k, v = (by_name[n].float() for n in "qkv")
             by_name["o"].copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
                                * (self.wrong or 1.0))
-            if stats:
-                by_name["stats"].fill_(1.0)
+            if stats:   # cuDNN's statistics: the natural-log log-sum-exp of the scaled scores
+                by_name["stats"].copy_(_lse(q, k, scale, causal).reshape(by_name["stats"].shape))
             return
         if self.ops[0][0] == "sdpa_backward":
             _, scale, causal = self.ops[0]
-            assert bool((by_name["stats"] == 1.0).all())   # the forward plan's statistics reached it
+            q, k, v = (by_name[n].float() for n in "qkv")
+            # the forward's out and statistics reached it (from a forward plan, or from the caller)
+            assert_close(by_name["stats"].reshape(q.shape[:-1]), _lse(q, k, scale, causal), tol=1e-4, what="stats")
+            assert_close(by_name["o"].float(), F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                         tol=2e-3, what="o")
             qkv = [by_name[n].float().requires_grad_(True) for n in "qkv"]
             with torch.enable_grad():
                 out = F.scaled_dot_product_attention(*qkv, is_causal=causal, scale=scale)
@@ -167,11 +173,19 @@ class _FakeGraph:
         by_name["y"].copy_(F.relu(y))
 
 
+def _lse(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    scores = q.float() @ k.float().transpose(-1, -2) * scale
+    if causal:
+        scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return torch.logsumexp(scores, dim=-1)
+
+
 def _fake_cudnn(monkeypatch: pytest.MonkeyPatch, fail_at: str | None) -> None:
     fake = types.SimpleNamespace(
         pygraph=_FakeGraph, data_type=types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float"),
         heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), set_stream=lambda h, s: None)
     monkeypatch.setattr(_FakeGraph, "fail_at", fail_at)
+    monkeypatch.setattr(_FakeGraph, "made", [])
     monkeypatch.setattr(cudnn_frontend, "_load", lambda: (fake, None))
     monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)
     monkeypatch.setattr(cudnn_frontend, "_handle", lambda module, device: None)
@@ -260,3 +274,47 @@ def test_the_sdpa_backward_plans_compute_the_gradients(monkeypatch: pytest.Monke
     assert cudnn_frontend.sdpa_unsupported(node, problem) is None
     launch = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
     cudnn_frontend._check_sdpa_backward(launch, node, problem, "cpu", "attn_bwd")   # gradients agree
+
+
+def test_the_sdpa_forward_returns_cudnn_statistics_as_lse(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cudnn(monkeypatch, fail_at=None)
+    g = fg.Graph(name="attn_lse")
+    q, k, v = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in "qkv")
+    out, lse = g.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    out.set_output()
+    lse.set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
+    problem = attention_problem(node)
+    assert cudnn_frontend.sdpa_unsupported(node, problem) is None     # a candidate for training forwards too
+    launch = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
+    graph = _FakeGraph.last
+    assert graph is not None and graph.ops == [("sdpa", 0.125, True, True)]
+    qt, kt, vt = (rand(1, 2, 16, 64, dtype=torch.float16) for _ in range(3))
+    ((o, got_lse),) = launch([qt, kt, vt])
+    assert got_lse.shape == (1, 2, 16) and got_lse.dtype == torch.float32
+    assert_close(got_lse, _lse(qt, kt, 0.125, True), what="lse")
+    cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn_lse")      # out and lse agree
+    monkeypatch.setattr(_FakeGraph, "wrong", 1.5)
+    with pytest.raises(ValueError, match="out, lse"):
+        cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn_lse")
+
+
+def test_the_sdpa_backward_with_the_forwards_lse_builds_no_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cudnn(monkeypatch, fail_at=None)
+    g = fg.Graph(name="attn_bwd_lse")
+    dy, q, k, v = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in ("dy", "q", "k", "v"))
+    o = g.tensor((1, 2, 16, 64), dtype="float16", name="o")
+    lse = g.tensor((1, 2, 16), dtype="float32", name="lse")
+    dq, _, _ = g.sdpa_backward(dy, q, k, v, o, is_causal=True, lse=lse)
+    dq.set_output()
+    node = next(n for n in g.to_ir().nodes if n.op == "sdpa_backward")
+    assert node.attrs["has_lse"]
+    problem = attention_problem(node)
+    launch = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
+    assert [graph.ops[0][0] for graph in _FakeGraph.made] == ["sdpa_backward"]   # no recomputing forward plan
+    # the fake asserts that the out and statistics it is given are the forward's
+    cudnn_frontend._check_sdpa_backward(launch, node, problem, "cpu", "attn_bwd_lse")
+    dyt, qt, kt, vt = (rand(1, 2, 16, 64, dtype=torch.float16) for _ in range(4))
+    want_o = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), is_causal=True).half()
+    with pytest.raises(AssertionError):   # statistics that are not the forward's are noticed by the fake
+        launch([dyt, qt, kt, vt, want_o, torch.zeros(1, 2, 16)])

@@ -205,8 +205,6 @@ def sdpa_unsupported(node: Node, problem: Any) -> str | None:
     """Why an attention node (forward or backward) is not a frontend SDPA candidate, or None."""
     if node.op not in ("scaled_dot_product_attention", "sdpa_backward"):
         return f"{node.op} is not attention"
-    if node.op == "scaled_dot_product_attention" and node.attrs.get("return_lse", False):
-        return "the log-sum-exp output is not produced by this candidate"
     if problem.mask_kind:
         return "masked attention (only causal or no mask)"
     dtype = _q(node).dtype
@@ -223,8 +221,10 @@ def _q(node: Node) -> Node:
 
 
 def sdpa_candidate(node: Node, problem: Any, device: str, name: str) -> Launch | None:
-    """A launch (args as the node's inputs) running cuDNN SDPA forward, or for sdpa_backward the
-    forward with statistics then the backward; None (with a debug reason) when not offered."""
+    """A launch (args as the node's inputs) running cuDNN SDPA forward (with its softmax statistics as
+    the lse output when the node returns one), or the backward: fed the forward's own out and lse
+    when the node has them (has_lse), else after a forward that recomputes them; None (with a debug
+    reason) when not offered."""
     why = unavailable(device) or sdpa_unsupported(node, problem)
     if why is not None:
         debug(name, why)
@@ -250,7 +250,28 @@ def _check_sdpa(launch: Launch, node: Node, problem: Any, device: str, name: str
     q, k, v = _example_inputs(list(node.inputs[:3]), device)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=bool(problem.causal), scale=float(problem.scale),
                                           enable_gqa=problem.heads != problem.kv_heads)
-    check_same(launch([q, k, v]), [want], f"{name} cuDNN frontend SDPA")
+    got = launch([q, k, v])
+    if node.attrs.get("return_lse", False):
+        (out, lse), = got
+        check_same([out, lse], [want, _reference_lse(q, k, v, problem)], f"{name} cuDNN frontend SDPA (out, lse)")
+    else:
+        check_same(got, [want], f"{name} cuDNN frontend SDPA")
+
+
+def _reference_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Any) -> torch.Tensor:
+    """The fp32 natural-log log-sum-exp [B, H, Sq] of the scaled (causal-masked) scores: what our
+    Triton forward returns as lse and what cuDNN calls the softmax statistics. From torch's flash
+    kernel (memory linear in S); fp32 math on the full score matrix where flash does not run."""
+    from ..ops.attention import attention_probs
+
+    groups = problem.heads // problem.kv_heads
+    kx, vx = (t.repeat_interleave(groups, dim=-3) if groups > 1 else t for t in (k, v))
+    with torch.no_grad():
+        try:
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, kx, vx, 0.0, bool(problem.causal), False, scale=float(problem.scale))[1].float()
+        except RuntimeError:
+            return attention_probs(q, k, None, {"is_causal": bool(problem.causal), "scale": float(problem.scale)})[1]
 
 
 def _causal_sdpa(graph: Any, cudnn: Any, q: Any, k: Any, v: Any, scale: float, causal: bool,
@@ -271,43 +292,55 @@ def _with_causal(op: Any, cudnn: Any, kw: dict[str, Any], causal: bool) -> Any:
 
 def _sdpa_plan(node: Node, problem: Any, device: torch.device) -> Launch:
     cudnn = _load()[0]
-    dt = _data_type(cudnn, node.dtype)
+    dt = _data_type(cudnn, node.inputs[0].dtype)
+    with_lse = bool(node.attrs.get("return_lse", False))
     handle = _handle(cudnn, device)
     graph = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT, handle=handle)
     specs = [i.spec for i in node.inputs[:3]]
     q, k, v = (graph.tensor(name=n, dim=list(s.shape), stride=list(s.memory_strides), data_type=dt)
                for n, s in zip("qkv", specs, strict=True))
-    out, _ = _causal_sdpa(graph, cudnn, q, k, v, float(problem.scale), bool(problem.causal))
-    out_shape = node.spec.shape
-    out_strides = node.spec.memory_strides
+    out, stats = _causal_sdpa(graph, cudnn, q, k, v, float(problem.scale), bool(problem.causal), stats=with_lse)
+    out_spec = node.specs[0]
+    out_shape, out_strides = out_spec.shape, out_spec.memory_strides
     out.set_output(True).set_data_type(dt).set_dim(list(out_shape)).set_stride(list(out_strides))
+    lse_shape = out_shape[:-1]
+    if with_lse:  # cuDNN's statistics [B, H, Sq, 1] are our lse [B, H, Sq] (dense, fp32)
+        st_shape = (*lse_shape, 1)
+        stats.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim(list(st_shape)) \
+            .set_stride(list(strides_for_order(st_shape, (0, 1, 2, 3))))
     _build(graph, cudnn)
     plan = FrontendPlan(cudnn, graph, handle, device)
     in_strides = [s.memory_strides for s in specs]
 
-    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
         tensors = [t if tuple(t.stride()) == st else torch.empty_strided(t.shape, st, dtype=t.dtype,
                                                                            device=t.device).copy_(t)
                    for t, st in zip(args[:3], in_strides, strict=True)]
         result = torch.empty_strided(out_shape, out_strides, dtype=tensors[0].dtype, device=tensors[0].device)
-        plan({q: tensors[0], k: tensors[1], v: tensors[2], out: result})
-        return [result]
+        if not with_lse:
+            plan({q: tensors[0], k: tensors[1], v: tensors[2], out: result})
+            return [result]
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=result.device)
+        plan({q: tensors[0], k: tensors[1], v: tensors[2], out: result, stats: lse})
+        return [(result, lse)]
 
     return launch
 
 
 def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device) -> Launch:
-    """Two plans: the forward with its softmax statistics (cuDNN's backward needs them; like torch's
-    backward, the forward is recomputed), then the backward. Args: grad_out, q, k, v, out."""
+    """Args: grad_out, q, k, v, out[, lse]. cuDNN's backward reads the forward's softmax statistics:
+    with has_lse they are the forward's own lse (natural log, [B, H, Sq] fp32, as cuDNN keeps them)
+    and out is the forward's; without, a forward plan recomputes both first (as torch's backward does)."""
     cudnn = _load()[0]
     dt = _data_type(cudnn, _q(node).dtype)
     fp32 = cudnn.data_type.FLOAT
+    has_lse = bool(node.attrs.get("has_lse", False))
     handle = _handle(cudnn, device)
     specs = [i.spec for i in node.inputs[1:4]]
     dout_spec = node.inputs[0].spec
     o_shape = (*specs[0].shape[:-1], specs[2].shape[-1])
-    o_strides = strides_for_order(o_shape, (0, 1, 2, 3))
+    o_strides = node.inputs[4].spec.memory_strides if has_lse else strides_for_order(o_shape, (0, 1, 2, 3))
     st_shape = (*specs[0].shape[:-1], 1)
     st_strides = strides_for_order(st_shape, (0, 1, 2, 3))
 
@@ -318,12 +351,15 @@ def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device) -> Launc
         return [graph.tensor(name=n, dim=list(s.shape), stride=list(s.memory_strides), data_type=dt)
                 for n, s in zip("qkv", specs, strict=True)]
 
-    fwd = new_graph()
-    fq, fk, fv = inputs(fwd)
-    fo, fstats = _causal_sdpa(fwd, cudnn, fq, fk, fv, float(problem.scale), bool(problem.causal), stats=True)
-    fo.set_output(True).set_data_type(dt).set_dim(list(o_shape)).set_stride(list(o_strides))
-    fstats.set_output(True).set_data_type(fp32).set_dim(list(st_shape)).set_stride(list(st_strides))
-    _build(fwd, cudnn)
+    fwd_plan: FrontendPlan | None = None
+    if not has_lse:
+        fwd = new_graph()
+        fq, fk, fv = inputs(fwd)
+        fo, fstats = _causal_sdpa(fwd, cudnn, fq, fk, fv, float(problem.scale), bool(problem.causal), stats=True)
+        fo.set_output(True).set_data_type(dt).set_dim(list(o_shape)).set_stride(list(o_strides))
+        fstats.set_output(True).set_data_type(fp32).set_dim(list(st_shape)).set_stride(list(st_strides))
+        _build(fwd, cudnn)
+        fwd_plan = FrontendPlan(cudnn, fwd, handle, device)
     bwd = new_graph()
     bq, bk, bv = inputs(bwd)
     bo = bwd.tensor(name="o", dim=list(o_shape), stride=list(o_strides), data_type=dt)
@@ -336,16 +372,19 @@ def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device) -> Launc
     for t, spec in zip(grads, grad_specs, strict=True):
         t.set_output(True).set_data_type(dt).set_dim(list(spec.shape)).set_stride(list(spec.memory_strides))
     _build(bwd, cudnn)
-    fwd_plan, bwd_plan = FrontendPlan(cudnn, fwd, handle, device), FrontendPlan(cudnn, bwd, handle, device)
-    wanted = [dout_spec.memory_strides, *(s.memory_strides for s in specs)]
+    bwd_plan = FrontendPlan(cudnn, bwd, handle, device)
+    wanted = [dout_spec.memory_strides, *(s.memory_strides for s in specs)] + ([o_strides] if has_lse else [])
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
-        grad, q, k, v = (t if tuple(t.stride()) == st else torch.empty_strided(t.shape, st, dtype=t.dtype,
-                                                                               device=t.device).copy_(t)
-                         for t, st in zip(args[:4], wanted, strict=True))
-        o = torch.empty_strided(o_shape, o_strides, dtype=q.dtype, device=q.device)
-        stats = torch.empty_strided(st_shape, st_strides, dtype=torch.float32, device=q.device)
-        fwd_plan({fq: q, fk: k, fv: v, fo: o, fstats: stats})
+        grad, q, k, v, *rest = (t if tuple(t.stride()) == st else torch.empty_strided(
+            t.shape, st, dtype=t.dtype, device=t.device).copy_(t) for t, st in zip(args, wanted, strict=False))
+        if has_lse:
+            o, stats = rest[0], args[5].float().contiguous()
+        else:
+            assert fwd_plan is not None
+            o = torch.empty_strided(o_shape, o_strides, dtype=q.dtype, device=q.device)
+            stats = torch.empty_strided(st_shape, st_strides, dtype=torch.float32, device=q.device)
+            fwd_plan({fq: q, fk: k, fv: v, fo: o, fstats: stats})
         outs = [torch.empty_strided(s.shape, s.memory_strides, dtype=q.dtype, device=q.device) for s in grad_specs]
         bwd_plan({bq: q, bk: k, bv: v, bo: o, bdo: grad, bstats: stats, **dict(zip(grads, outs, strict=True))})
         return [tuple(outs)]
@@ -366,5 +405,8 @@ def _check_sdpa_backward(launch: Launch, node: Node, problem: Any, device: str, 
         out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(problem.causal), scale=float(problem.scale),
                                              enable_gqa=problem.heads != problem.kv_heads)
         want = torch.autograd.grad(out, (qg, kg, vg), grad)
-    (got,) = launch([grad, q, k, v, *_example_inputs(list(node.inputs[4:5]), device)])
+    if node.attrs.get("has_lse", False):  # the forward's own out and statistics
+        (got,) = launch([grad, q, k, v, out.detach(), _reference_lse(q, k, v, problem)])
+    else:
+        (got,) = launch([grad, q, k, v, *_example_inputs(list(node.inputs[4:5]), device)])
     check_same(list(got), list(want), f"{name} cuDNN frontend SDPA backward")
