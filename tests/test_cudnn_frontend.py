@@ -290,7 +290,8 @@ def test_the_sdpa_forward_returns_cudnn_statistics_as_lse(monkeypatch: pytest.Mo
     graph = _FakeGraph.last
     assert graph is not None and graph.ops == [("sdpa", 0.125, True, True)]
     qt, kt, vt = (rand(1, 2, 16, 64, dtype=torch.float16) for _ in range(3))
-    ((o, got_lse),) = launch([qt, kt, vt])
+    ((out_t, got_lse),) = launch([qt, kt, vt])
+    assert out_t.shape == (1, 2, 16, 64)
     assert got_lse.shape == (1, 2, 16) and got_lse.dtype == torch.float32
     assert_close(got_lse, _lse(qt, kt, 0.125, True), what="lse")
     cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn_lse")      # out and lse agree

@@ -50,7 +50,7 @@ from typing import Any
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import MATMUL, POINTWISE, REDUCTION, VIEW, get_op
-from ..ir.spec import TensorSpec, contiguous_strides, strides_for_order
+from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, strides_for_order
 from ..passes.base import Pass
 from ..settings import settings
 from .partition import _reduced_dims, fusable, is_literal, is_unit_reduction
@@ -254,25 +254,6 @@ def gapped(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Non-overlapping strides with gaps between elements (e.g. q as a view of a fused qkv result)."""
     return len(strides) == len(shape) and dense_in_order(shape, strides) is not None and \
         not _dense_permutation(shape, strides)
-
-
-def dense_in_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Dense strides in the dimension order of `strides` (innermost = smallest), or None when
-    `strides` overlap (a stride-0 broadcast)."""
-    dims = sorted(range(len(shape)), key=lambda i: (strides[i], i))
-    reach = 1
-    for i in dims:
-        if shape[i] == 1:
-            continue
-        if strides[i] < reach:
-            return None
-        reach = strides[i] * shape[i]
-    out = [0] * len(shape)
-    expected = 1
-    for i in dims:
-        out[i] = expected
-        expected *= max(int(shape[i]), 1)
-    return tuple(out)
 
 
 def _dense_permutation(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

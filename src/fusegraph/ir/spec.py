@@ -79,3 +79,22 @@ class TensorSpec:
         dims = "x".join(str(s) for s in self.shape) or "scalar"
         lay = f" {self.layout}" if self.layout else ""
         return f"{self.dtype}[{dims}]{lay}"
+
+
+def dense_in_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Dense strides in the dimension order of `strides` (innermost = smallest), or None when
+    `strides` overlap (a stride-0 broadcast)."""
+    dims = sorted(range(len(shape)), key=lambda i: (strides[i], i))
+    reach = 1
+    for i in dims:
+        if shape[i] == 1:
+            continue
+        if strides[i] < reach:
+            return None
+        reach = strides[i] * shape[i]
+    out = [0] * len(shape)
+    expected = 1
+    for i in dims:
+        out[i] = expected
+        expected *= max(int(shape[i]), 1)
+    return tuple(out)

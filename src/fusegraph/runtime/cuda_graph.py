@@ -84,6 +84,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidValueError
+from ..ir.spec import dense_in_order
 from ..settings import settings
 
 LAUNCH_US = 20.0      # host time of one kernel launched from Python (12-20 us measured on the H200 host)
@@ -146,10 +147,12 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
     if syncing:
         return GraphDecision(False, f"not capturable: kernel(s) {', '.join(syncing)} wait for the device "
                                     f"(read a value back)")
-    overlapping = [n.name for n in inputs if not dense_strides(tuple(n.shape), tuple(n.spec.memory_strides))]
+    # a gapped input (a saved q viewed out of a fused qkv result, padded rows) is copied into a
+    # captured buffer of the same strides; an overlapping one (an expand) cannot be written so
+    overlapping = [n.name for n in inputs if not non_overlapping(tuple(n.shape), tuple(n.spec.memory_strides))]
     if overlapping:
-        return GraphDecision(False, f"not capturable: input(s) {', '.join(overlapping)} have overlapping or "
-                                    f"gapped strides (cannot be copied into a captured buffer)")
+        return GraphDecision(False, f"not capturable: input(s) {', '.join(overlapping)} have overlapping "
+                                    f"strides (cannot be copied into a captured buffer)")
     copied = [n for i, n in enumerate(inputs) if i not in static_inputs]
     copies = len(copied) + (0 if alias_outputs else len(outputs))
     in_place = f", {len(inputs) - len(copied)} static input(s) read in place" if len(copied) < len(inputs) else ""
@@ -169,15 +172,9 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
     return GraphDecision(False, f"auto: not worth it, {numbers}", copies, by_estimate=True)
 
 
-def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """True when the strides are a permutation of dense strides (no element stored twice, no gaps)."""
-    dims = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def non_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when no element is stored twice (dense, permuted or with gaps between rows)."""
+    return dense_in_order(shape, strides) is not None
 
 
 def _nbytes(node: Any) -> int:
