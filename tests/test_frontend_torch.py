@@ -345,6 +345,45 @@ def test_qkv_views_saved_for_the_backward_are_not_copied(built_partitions):
     assert forward._record_saved is None and any(k.startswith("pointwise/") for k in forward.record.kernel_ops)
 
 
+class WideHead(nn.Module):
+    """A projection to a vocabulary whose rows are not 16-byte aligned (4099 fp32 = 16396 bytes),
+    then a cross-entropy: the logits are saved for the backward."""
+
+    def __init__(self, vocab: int = 4099, d: int = 16) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(d, d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(torch.tanh(self.proj(x))), target)
+
+
+def test_misaligned_logits_saved_for_the_backward_are_padded(built_partitions):
+    """With pad_saved the forward's plan returns the saved logits [64, 4099] with rows padded to
+    4128 (128 bytes), the backward's plan is built for those strides, and the loss and gradients
+    match eager; without it they cross dense."""
+    torch.manual_seed(0)
+    x, target = rand(64, 16), torch.randint(0, 4099, (64,))
+    for pad in (True, False):
+        built_partitions.clear()
+        torch._dynamo.reset()
+        model = WideHead()
+        ref = copy.deepcopy(model)
+        with override(pad_saved=pad):
+            loss = fg.compile(model)(x, target)
+            loss.backward()
+        want = ref(x, target)
+        want.backward()
+        assert_close(loss, want, what="loss")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert_close(p.grad, q.grad, tol=1e-5, what=f"grad {name}")
+        forward = next(p for p in built_partitions if p.record.name.startswith("forward"))
+        backward = next(p for p in built_partitions if p.record.name.startswith("backward"))
+        padded = [s for s in forward._record_saved.values() if s == (4128, 1)]
+        assert len(padded) == (1 if pad else 0), forward._record_saved
+        assert ((4128, 1) in backward._arg_strides.values()) == pad
+        assert backward.plan._variants == {} and forward.plan._variants == {}
+
+
 class TinyLM(nn.Module):
     def __init__(self, vocab: int = 10, d: int = 16) -> None:
         super().__init__()

@@ -16,8 +16,10 @@ from .ir.spec import TensorSpec
 from .ir.verify import verify
 from .lower import lower_fused, lower_reference
 from .passes import optimize
+from .passes.base import Pass
 from .passes.decompose import decompose_keeping
 from .passes.layout import layout_pass
+from .passes.pad_align import pad_outputs
 from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
@@ -50,7 +52,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     use TF32 tensor cores, which also makes them candidates for NHWC), output_strides (per graph output,
     the strides to return a view output in, a dense permutation; None = row-major; fusion/views.py),
     held_outputs (graph_outputs="reuse": positions of the outputs a caller may keep past the next call,
-    whose small buffers are then cloned; absent = all; the torch backend leaves out saved activations).
+    whose small buffers are then cloned; absent = all; the torch backend leaves out saved activations),
+    pad_outputs (positions of outputs the caller takes with padded rows, reading the returned strides:
+    misaligned large ones get them, passes/pad_align.py; the torch backend's saved activations).
     """
     device = default_device(device)
     start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
@@ -69,6 +73,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     mark("decompose + passes")
     # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
     primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
+    pad_at = check_positions("pad_outputs", options.get("pad_outputs", ()), len(graph.outputs))
+    if pad_at:   # outputs the caller takes with padded rows (passes/pad_align.py)
+        primitive = Pass("pad_outputs", lambda g: pad_outputs(g, pad_at))(primitive)
     if options.get("fuse", True):
         from .fusion.views import prepare as prepare_views  # views as strided aliases (fusion/views.py)
 
@@ -101,12 +108,15 @@ def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:
 
 def check_held_outputs(value: Any, n_outputs: int) -> tuple[int, ...] | None:
     """The build option held_outputs as sorted output positions (None: every output), or InvalidValueError."""
-    if value is None:
-        return None
+    return None if value is None else check_positions("held_outputs", value, n_outputs, ", or None for all")
+
+
+def check_positions(option: str, value: Any, n_outputs: int, hint: str = "") -> tuple[int, ...]:
+    """A build option naming graph outputs by position, sorted, or InvalidValueError."""
     items = list(value) if isinstance(value, list | tuple | set | frozenset) else None
     if items is None or not all(type(i) is int and 0 <= i < n_outputs for i in items):
-        raise InvalidValueError(f"build option held_outputs={value!r}: use a list of output positions "
-                                f"0..{n_outputs - 1}, or None for all")
+        raise InvalidValueError(f"build option {option}={value!r}: use a list of output positions "
+                                f"0..{n_outputs - 1}{hint}")
     return tuple(sorted(set(items)))
 
 

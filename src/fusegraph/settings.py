@@ -135,6 +135,10 @@ _register("norm_residual", bool, lambda: False,
           "(a transformer's LayerNorm) fuses into the normalization's kernel instead of the matmul's epilogue; "
           "the matmul keeps its bias, which cuBLAS can compute itself (fusion/views.py). Off: the epilogue "
           "takes the residual.")
+_register("pad_saved", bool, lambda: False,
+          "Training: a large activation saved for the backward whose rows are not 16-byte aligned (GPT-2's "
+          "[tokens, 50257] logits) is returned by the forward's plan with padded rows (passes/pad_align.py); "
+          "the backward's plan reads it so. Its readers on both sides then load whole aligned vectors.")
 _register("saved_views", bool, lambda: True,
           "Training: activations saved for the backward that torch traced as views with gaps (q, k, v sliced "
           "out of one qkv projection) are returned as views of that result, and the backward's plan reads "

@@ -239,8 +239,8 @@ class Session:
                 # one could not decide (a no-op when it did)
                 rewrite_causal_masks(gm)
                 # saved activations the forward returns as views with gaps: the backward declares them so
-                saved = split.setdefault("saved_strides", {}) if split is not None and settings.saved_views \
-                    else None
+                saved = split.setdefault("saved_strides", {}) if split is not None and \
+                    (settings.saved_views or settings.pad_saved) else None
                 split_gm, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
                                                    static_input_indices(kind), held, saved)
             self.report.graphs.append(record)

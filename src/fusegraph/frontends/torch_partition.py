@@ -215,14 +215,16 @@ class CompiledPartition(torch.nn.Module):
                  static_args: frozenset[int] = frozenset(),
                  constant_args: dict[int, torch.Tensor] | None = None,
                  held: frozenset[int] | None = None, arg_strides: dict[int, tuple[int, ...]] | None = None,
-                 gapped_saved: set[str] | None = None, record_saved: dict[str, tuple[int, ...]] | None = None
-                 ) -> None:
+                 gapped_saved: set[str] | None = None, record_saved: dict[str, tuple[int, ...]] | None = None,
+                 padded_saved: set[str] | None = None) -> None:
         super().__init__()
-        # saved activations crossing to the backward with gaps (views of a larger result, no copy):
-        # the backward's inputs declared with those strides (arg_strides, by position); the forward's
-        # outputs that may be returned so (gapped_saved, by node name), recorded in record_saved when they are
+        # saved activations crossing to the backward with gaps (views of a larger result, no copy) or
+        # padded rows: the backward's inputs declared with those strides (arg_strides, by position);
+        # the forward's outputs that may be returned so (gapped_saved / padded_saved, by node name),
+        # recorded in record_saved when they are
         self._arg_strides = arg_strides or {}
         self._gapped_saved = gapped_saved or set()
+        self._padded_saved = padded_saved or set()
         self._record_saved = record_saved
         # storages of the graph outputs a caller may keep (None: all): the plan outputs sharing none
         # of them are never kept past the next call (build option held_outputs)
@@ -327,6 +329,7 @@ class CompiledPartition(torch.nn.Module):
         out_strides: list[tuple[int, ...] | None] = []
         kept: set[int] = set()   # plan outputs a caller may keep
         gapped_at: dict[int, tuple[str, tuple[int, ...]]] = {}   # plan output -> (name, traced strides)
+        padded_at: dict[int, tuple[str, int]] = {}   # plan output -> (name, index in _out_vals)
         self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
@@ -354,6 +357,9 @@ class CompiledPartition(torch.nn.Module):
                 if out.name in self._gapped_saved and isinstance(val, torch.Tensor):
                     gapped_at[len(plan_outputs) - 1] = (out.name, tuple(val.stride()))
                     out_strides.append(tuple(val.stride()))   # with its gaps, if the plan can make it a view
+                elif out.name in self._padded_saved and isinstance(val, torch.Tensor):
+                    padded_at[len(plan_outputs) - 1] = (out.name, len(self._out_vals) - 1)
+                    out_strides.append(None)   # the plan's own layout (pad_outputs)
                 else:
                     out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
             position = next(i for i, t in enumerate(plan_outputs) if t is value)
@@ -370,13 +376,20 @@ class CompiledPartition(torch.nn.Module):
         if plan_outputs:
             g.set_output(*plan_outputs)
             held = {} if self._held is None else {"held_outputs": sorted(kept)}
+            padded = {"pad_outputs": sorted(padded_at)} if padded_at else {}
             self.plan = g.build(device=None if self._device is None else self._device.type,
-                                **{"output_strides": out_strides, **held, **build_options})
+                                **{"output_strides": out_strides, **held, **padded, **build_options})
             if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
                 for k, (name, traced) in gapped_at.items():
                     spec = self.plan.graph.outputs[k].spec
                     if _same_strides(tuple(spec.shape), tuple(spec.memory_strides), traced):
                         self._record_saved[name] = traced
+                for k, (name, at) in padded_at.items():   # returned padded: not restrided to the traced layout
+                    spec = self.plan.graph.outputs[k].spec
+                    if not _same_strides(tuple(spec.shape), tuple(spec.memory_strides),
+                                         tuple(self._out_vals[at].stride())):
+                        self._record_saved[name] = tuple(spec.memory_strides)
+                        self._out_vals[at] = None
 
     def forward(self, *args: Any) -> Any:
         if self.record.status != "fusegraph":
@@ -535,8 +548,13 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if any(n.target not in VIEW_OPS for n in p.nodes)]
-    gapped_saved = _gapped_saved(gm, partitions, held_outputs) if kind == "forward" and saved_strides is not None \
-        else set()
+    saved_only = _saved_only(gm, partitions, held_outputs) if kind == "forward" and saved_strides is not None \
+        else {}
+    gapped_saved = {name for name, val in saved_only.items()
+                    if not is_non_overlapping_and_dense(val) and dense_strides_in_order(val) is not None} \
+        if settings.saved_views else set()
+    padded_saved = {name for name, val in saved_only.items() if val.is_contiguous() and val.dim() >= 2} \
+        if settings.pad_saved else set()
     for node, reason in support.reasons.items():   # write-backs: not an op of the model (record.mutations)
         if node.target is not operator.getitem and write_back_input(node) is None:
             record.fallbacks[(op_name(node), reason)] += 1
@@ -560,7 +578,8 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
                        if kind == "backward" and saved_strides and isinstance(a, torch.fx.Node)
                        and a.op == "placeholder" and a.name in saved_strides}
         compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args, held,
-                                     arg_strides, gapped_saved, saved_strides if kind == "forward" else None)
+                                     arg_strides, gapped_saved, saved_strides if kind == "forward" else None,
+                                     padded_saved)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
@@ -568,26 +587,26 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     return split, record
 
 
-def _gapped_saved(gm: torch.fx.GraphModule, partitions: Sequence[Any], held_outputs: Sequence[int] | None) -> set[str]:
-    """Names of a forward's saved activations (outputs past `held_outputs`) traced with gaps, read by
-    nothing outside the partition computing them: its plan may return them as views (no copy)."""
+def _saved_only(gm: torch.fx.GraphModule, partitions: Sequence[Any],
+                held_outputs: Sequence[int] | None) -> dict[str, torch.Tensor]:
+    """A forward's saved activations (outputs past `held_outputs`) computed inside a partition and read
+    by nothing outside it, by name, with their traced values: its plan may choose their layout (a
+    view with gaps instead of a copy, padded rows), which the backward then declares."""
     out = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if out is None or held_outputs is None:
-        return set()
+        return {}
     values = list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
     kept = set(held_outputs)
     members = {n: p for p in partitions for n in p.nodes}
-    names = set()
+    found: dict[str, torch.Tensor] = {}
     for i, node in enumerate(values):
         if i in kept or not isinstance(node, torch.fx.Node) or node not in members:
             continue
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or is_non_overlapping_and_dense(val) or \
-                dense_strides_in_order(val) is None:
-            continue
-        if all(u.op == "output" or members.get(u) is members[node] for u in node.users):
-            names.add(node.name)
-    return names
+        if isinstance(val, torch.Tensor) and \
+                all(u.op == "output" or members.get(u) is members[node] for u in node.users):
+            found[node.name] = val
+    return found
 
 
 _TRACE_LINE = re.compile(r'File "([^"]+)", line (\d+)')

@@ -22,7 +22,9 @@ aligned strides). Inductor avoids this by padding strides; so does this pass:
   no more than COPY_BUDGET times the floor of the GEMMs that read it (device cost model) and is
   at least MIN_COPY_BYTES: a weight [50257, 768] needs none (768 % 8 == 0), a [*, 50257] input does.
 
-Graph outputs are never padded (callers, AOTAutograd among them, get the strides they traced), nor
+Graph outputs are not padded (callers, AOTAutograd among them, get the strides they traced) unless
+the caller says it takes them so (`pad_outputs`, build option pad_outputs: the torch backend's saved
+activations, which only its own backward reads, with settings.pad_saved), nor
 values read by attention or convolution kernels (their backends pick their own layouts), nor
 values that already carry a layout. Rows of at least WIDE_MIN_ROW_BYTES are aligned to 128 bytes
 (a cache line, as Inductor does), shorter ones to 16; rows that padding would grow by more than
@@ -34,7 +36,7 @@ Setting pad_align (FUSEGRAPH_PAD_ALIGN=0, or `pad_align_disabled()`) builds with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +54,7 @@ WIDE_MIN_ROW_BYTES = 2048
 MAX_GROWTH = 1.25           # do not pad a row by more than a quarter of its length
 COPY_BUDGET = 1.0           # an input copy may cost up to this fraction of the reading GEMMs' floor
 MIN_COPY_BYTES = 1 << 20    # smaller inputs are not worth a launch
+MIN_OUTPUT_BYTES = 1 << 20  # pad_outputs: smaller outputs are left dense
 EPILOGUE_DEPTH = 4          # with settings.pad_results: same-shape pointwise steps after a GEMM padded too
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 RATE_KEYS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -272,6 +275,27 @@ def _rewrite(graph: Graph, pads: dict[int, tuple[int, ...]], copies: dict[int, _
         changed = specs is not node.specs or any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         mapping[node.id] = node.replace(inputs=tuple(inputs), specs=specs) if changed else node
     return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
+
+
+def pad_outputs(graph: Graph, positions: Collection[int]) -> Graph:
+    """Padded row strides for the graph outputs at `positions` (a caller that takes any row stride
+    there and reads the returned tensor's strides), where the row is misaligned, the value is at
+    least MIN_OUTPUT_BYTES, written by a kernel that stores through its spec and read only by nodes
+    that take a padded value. Not for a value also returned at a position outside `positions`."""
+    if not settings.pad_align or not positions:
+        return graph
+    users = graph.users()
+    outputs = {n.id for n in graph.outputs}
+    fixed = {n.id for k, n in enumerate(graph.outputs) if k not in positions}
+    pads: dict[int, tuple[int, ...]] = {}
+    for k in sorted(set(positions)):
+        node = graph.outputs[k]
+        strides = padded_strides(node.spec)
+        if strides is None or node.id in fixed or node.spec.nbytes < MIN_OUTPUT_BYTES:
+            continue
+        if _writes_own_layout(node) and _readers_accept(node, users, outputs):
+            pads[node.id] = strides
+    return _rewrite(graph, pads, {}) if pads else graph
 
 
 @graph_pass("pad_align")
