@@ -345,6 +345,34 @@ def test_qkv_views_saved_for_the_backward_are_not_copied(built_partitions):
     assert forward._record_saved is None and any(k.startswith("pointwise/") for k in forward.record.kernel_ops)
 
 
+class Conv1DMLP(nn.Module):
+    """GPT-2's MLP as Hugging Face writes it: addmm on the flattened tokens, viewed back to
+    [B, T, 4D], then the tanh GELU spelled out in Python (several reads of the viewed result)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.w_fc, self.b_fc = nn.Parameter(torch.randn(d, 4 * d) * 0.2), nn.Parameter(torch.randn(4 * d) * 0.2)
+        self.w_proj, self.b_proj = nn.Parameter(torch.randn(4 * d, d) * 0.2), nn.Parameter(torch.randn(d) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.addmm(self.b_fc, x.view(-1, x.shape[-1]), self.w_fc).view(*x.shape[:-1], -1)
+        g = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + torch.addmm(self.b_proj, g.view(-1, g.shape[-1]), self.w_proj).view(x.shape)
+
+
+def test_training_activation_fuses_into_the_linear_layer_it_reads(built_partitions):
+    """The forward saves the linear layer's viewed result for the backward; the GELU reading that
+    view several times still lands in the GEMM's epilogue (one matmul kernel with tanh, no separate
+    pointwise kernel), and outputs and gradients match eager."""
+    model, x = Conv1DMLP(), rand(2, 8, 16)
+    _check_training(model, x)
+    forward = next(p for p in built_partitions if p.record.name.startswith("forward"))
+    kernels = [k for k in forward.plan.kernels if k.kind != "view"]
+    fc = [k for k in kernels if k.kind == "matmul" and any(n.op == "tanh" for n in k.nodes)]
+    assert len(fc) == 1, [(k.kind, [n.op for n in k.nodes]) for k in kernels]
+    assert not any(k.kind == "pointwise" and any(n.op == "tanh" for n in k.nodes) for k in kernels)
+
+
 class WideHead(nn.Module):
     """A projection to a vocabulary whose rows are not 16-byte aligned (4099 fp32 = 16396 bytes),
     then a cross-entropy: the logits are saved for the backward."""

@@ -77,9 +77,12 @@ def leading_regroup(node: Node) -> int | None:
 
 def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> Node | None:
     """p(..., reshape(x), ...) -> reshape(p'(...), p.shape) when the reshape regroups leading dims
-    of a value that comes from a matmul (through pointwise ops) and p is its only reader (`single`
-    per input; a reshape read by several ops stays: x then stays one stored value, not one
-    recomputed in each reader's kernel); see the module docstring."""
+    of a value that comes from a matmul (through pointwise ops) and p may read x instead (`single`
+    per input: p is the reshape's only reader, or the reshape is a graph output (so x is stored
+    anyway) whose every reader is a pointwise op of its shape, each then sunk alike: a training
+    forward's activation function reading the linear layer's result, which is saved for the
+    backward, now all in the matmul's epilogue; a reshape read by other ops stays, so x stays one
+    stored value, not one recomputed in each reader's kernel); see the module docstring."""
     if not get_op(node.op).has(POINTWISE) or node.multi_output:
         return None
     for j, r_node in enumerate(node.inputs):
@@ -159,6 +162,10 @@ def sink_reshapes(graph: Graph) -> Graph:
     """Move leading-dim regrouping reshapes of matmul results below the pointwise ops after them."""
     users = graph.users()
     to_norm = feeds_row_reduction(graph, users) if settings.norm_residual else set()
+    output_ids = {n.id for n in graph.outputs}
+    shared = {n.id for n in graph.nodes if n.op == "reshape" and n.id in output_ids and
+              all(get_op(u.op).has(POINTWISE) and not u.multi_output and u.shape == n.shape
+                  for u in users.get(n.id, []))}
     from_matmul: dict[int, bool] = {}
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
@@ -168,7 +175,7 @@ def sink_reshapes(graph: Graph) -> Graph:
         inputs = tuple(mapping[i.id] for i in node.inputs)
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         new = node.replace(inputs=inputs) if changed else node
-        single = [len({u.id for u in users.get(i.id, [])}) == 1 for i in node.inputs]
+        single = [len({u.id for u in users.get(i.id, [])}) == 1 or i.id in shared for i in node.inputs]
         new = _batched_matmul_rule(new) or (None if node.id in to_norm else _sink_rule(new, single, from_matmul)) \
             or new
         if new.op == "reshape" and new.inputs[0].op == "reshape":   # reshape(reshape(y)): one reshape
