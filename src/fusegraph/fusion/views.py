@@ -78,8 +78,8 @@ def leading_regroup(node: Node) -> int | None:
 def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> Node | None:
     """p(..., reshape(x), ...) -> reshape(p'(...), p.shape) when the reshape regroups leading dims
     of a value that comes from a matmul (through pointwise ops) and p may read x instead (`single`
-    per input: p is the reshape's only reader, or the reshape is a graph output (so x is stored
-    anyway) whose every reader is a pointwise op of its shape, each then sunk alike: a training
+    per input: p is the reshape's only reader, or the reshape or x is a graph output (so x is stored
+    anyway) and every reader of the reshape is a pointwise op of its shape, each then sunk alike: a training
     forward's activation function reading the linear layer's result, which is saved for the
     backward, now all in the matmul's epilogue; a reshape read by other ops stays, so x stays one
     stored value, not one recomputed in each reader's kernel); see the module docstring."""
@@ -163,7 +163,7 @@ def sink_reshapes(graph: Graph) -> Graph:
     users = graph.users()
     to_norm = feeds_row_reduction(graph, users) if settings.norm_residual else set()
     output_ids = {n.id for n in graph.outputs}
-    shared = {n.id for n in graph.nodes if n.op == "reshape" and n.id in output_ids and
+    shared = {n.id for n in graph.nodes if n.op == "reshape" and output_ids & {n.id, n.inputs[0].id} and
               all(get_op(u.op).has(POINTWISE) and not u.multi_output and u.shape == n.shape
                   for u in users.get(n.id, []))}
     from_matmul: dict[int, bool] = {}
