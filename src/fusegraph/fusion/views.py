@@ -165,7 +165,7 @@ def sink_reshapes(graph: Graph) -> Graph:
     output_ids = {n.id for n in graph.outputs}
     shared = {n.id for n in graph.nodes if n.op == "reshape" and output_ids & {n.id, n.inputs[0].id} and
               all(get_op(u.op).has(POINTWISE) and not u.multi_output and u.shape == n.shape
-                  for u in users.get(n.id, []))}
+                  for u in users.get(n.id, []))} if settings.sink_shared_reshapes else set()
     from_matmul: dict[int, bool] = {}
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
