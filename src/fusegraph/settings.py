@@ -139,10 +139,12 @@ _register("pad_saved", bool, lambda: False,
           "Training: a large activation saved for the backward whose rows are not 16-byte aligned (GPT-2's "
           "[tokens, 50257] logits) is returned by the forward's plan with padded rows (passes/pad_align.py); "
           "the backward's plan reads it so. Its readers on both sides then load whole aligned vectors.")
-_register("sink_shared_reshapes", bool, lambda: True,
+_register("sink_shared_reshapes", bool, lambda: False,
           "sink_reshapes also moves a reshape of a matmul result below several same-shape pointwise readers "
           "when the result or its reshape is a graph output (a training forward's activation function then "
-          "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves.")
+          "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
+          "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
+          "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
 _register("saved_views", bool, lambda: True,
           "Training: activations saved for the backward that torch traced as views with gaps (q, k, v sliced "
           "out of one qkv projection) are returned as views of that result, and the backward's plan reads "
