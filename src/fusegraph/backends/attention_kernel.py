@@ -71,6 +71,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
             candidates[f"torch:{backend}"] = (_torch_backward if backward else _torch_forward)(node, problem, backend)
         if backward and node.attrs.get("has_lse", False) and problem.mask_kind == 0:
             candidates.update(_direct_backward_candidates(node, problem, device, name))
+    if device.startswith("cuda"):   # also for a training forward (return_lse: cuDNN's statistics are the lse)
         frontend = cudnn_frontend.sdpa_candidate(node, problem, device, name)  # None when not offered
         if frontend is not None:
             candidates["frontend:cudnn"] = frontend
