@@ -16,9 +16,10 @@ compile time (first call, on fresh empty fusegraph/Triton/Inductor caches unless
 after torch._dynamo.reset(), with those caches filled), device time (N
 back-to-back calls between CUDA events, median of 5: what a loop sees at steady state), per-call latency
 (events around one call with the GPU idle before it, median), peak memory (torch.cuda.max_memory_allocated
-during one call). Implementations: eager, torch.compile (default; max-autotune-no-cudagraphs with
---max-autotune), fusegraph through torch.compile(backend=fusegraph) (fg.compile). Results: JSON + markdown in
-$OUT (else bench/results/).
+during one call; "own" = that minus what was allocated before the implementation was built, so the rows
+run before it in the same process do not count). Implementations: eager, torch.compile (default;
+max-autotune-no-cudagraphs with --max-autotune), fusegraph through torch.compile(backend=fusegraph)
+(fg.compile). Results: JSON + markdown in $OUT (else bench/results/).
 
     python bench/targets_gpu.py --only resnet50            # each --only group fits one 10-minute GPU call
     python bench/targets_gpu.py --only gpt2_train --quick
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -87,6 +89,16 @@ def first_call_s(fn: Callable[[], Any]) -> float:
     fn()
     sync()
     return time.perf_counter() - start
+
+
+def allocated_mb() -> float:
+    """MiB allocated now, after a collection (NaN off CUDA): what the rows before this one left
+    behind, when taken before an implementation is built."""
+    if S.device != "cuda":
+        return float("nan")
+    gc.collect()
+    sync()
+    return torch.cuda.memory_allocated() / 2**20
 
 
 def peak_memory_mb(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -161,6 +173,7 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
         try:
             if impl.compiled:
                 torch._dynamo.reset()
+            base_mb = allocated_mb()   # model, inputs and what earlier rows still hold
             fn = impl.make()
             got: list[torch.Tensor] = []
             if S.profile_compile and impl.name.startswith("fusegraph"):
@@ -176,6 +189,9 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
             row["ok"] = row["rel_err"] <= row["limit"]
             row.update(timings(fn, latency_repeats=20 if S.quick else 50))
             row["peak_mb"], row["peak_extra_mb"] = peak_memory_mb(fn)
+            # this implementation's own peak: above what was allocated before it was built (its plans,
+            # caches and captured pools count; the previous rows' leftovers do not)
+            row["peak_own_mb"] = row["peak_mb"] - base_mb
             if flops:
                 row["tflops"] = flops / row["device_ms"] / 1e9
             report = getattr(fn, "fusegraph_report", None) or getattr(getattr(fn, "func", None),
@@ -189,6 +205,8 @@ def run_impls(impls: list[Impl], check: Callable[[Callable[[], Any]], list[torch
                 torch._dynamo.reset()
                 fresh = impl.make()
                 row["compile_warm_s"] = first_call_s(lambda: check(fresh))
+                fresh = None
+            fn, got = None, []   # the next row's base then holds none of this one
         except Exception as err:  # one implementation failing does not stop the others
             traceback.print_exc()
             row.update(ok=False, error=f"{type(err).__name__}: {str(err)[:400]}")
@@ -507,7 +525,7 @@ def markdown(results: list[dict[str, Any]], info: dict[str, Any], command: str) 
         lines += [f"## {res['target']}: {res['variant']} (batch {res['batch']})", "",
                   f"goal: {res.get('compare_impl', 'fusegraph')} >= {res['goal']}x {ref_name} ({metric})", "",
                   f"| impl | ok | rel err (limit) | device ms | latency ms | x {ref_name} | x eager | compile s "
-                  "(warm) | peak MiB | fallbacks | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(warm) | peak MiB (own) | fallbacks | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
             if "error" in r:
                 lines.append(f"| {r['impl']} | ERROR | {r['error'][:120]} | | | | | | | | |")
@@ -520,7 +538,8 @@ def markdown(results: list[dict[str, Any]], info: dict[str, Any], command: str) 
                          f"({r.get('limit', float('nan')):.1e}) | {r.get('device_ms', float('nan')):.3f} | "
                          f"{r.get('latency_ms', float('nan')):.3f} | {vs_ref} | {vs_eager} | "
                          f"{r.get('compile_s', float('nan')):.1f} ({r.get('compile_warm_s', float('nan')):.1f}) | "
-                         f"{r.get('peak_mb', float('nan')):.0f} | {fallbacks} | {mfu} |")
+                         f"{r.get('peak_mb', float('nan')):.0f} ({r.get('peak_own_mb', float('nan')):.0f}) | "
+                         f"{fallbacks} | {mfu} |")
         lines.append("")
     return "\n".join(lines)
 
