@@ -362,8 +362,8 @@ class Conv1DMLP(nn.Module):
 
 def test_training_activation_fuses_into_the_linear_layer_it_reads(built_partitions):
     """With sink_shared_reshapes: the forward saves the linear layer's viewed result for the backward;
-    the GELU reading that view several times still lands in the GEMM's epilogue (one matmul kernel with tanh, no separate
-    pointwise kernel), and outputs and gradients match eager."""
+    the GELU reading that view several times still lands in the GEMM's epilogue (one matmul kernel
+    with tanh, no separate pointwise kernel), and outputs and gradients match eager."""
     model, x = Conv1DMLP(), rand(2, 8, 16)
     with override(sink_shared_reshapes=True):   # off by default (settings.py says why)
         _check_training(model, x)

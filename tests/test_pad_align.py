@@ -118,6 +118,34 @@ def test_graph_outputs_are_never_padded() -> None:
     assert_close(out.float(), h_t.float() @ w_t.float().T, tol=5e-3)
 
 
+def test_outputs_the_caller_takes_padded_are_padded() -> None:
+    """build(pad_outputs=[...]): a large misaligned output at a listed position comes back with padded
+    rows (the torch backend's saved logits), the same values; an unlisted or small one stays dense;
+    a position past the outputs is a typed error."""
+    rows = 1024     # 1024 x 1001 fp16 = 2.0 MB, over MIN_OUTPUT_BYTES
+    g = fg.Graph(name="saved_logits", compute_dtype="float32")
+    h = g.tensor((rows, K), dtype="float16", name="h")
+    w = g.tensor((1001, K), dtype="float16", name="w")
+    logits = g.matmul(h, w, transpose_b=True)
+    logits.set_output()
+    g.softmax(logits, -1).set_output()
+    plan = g.build(device="cpu", pad_outputs=[0])
+    h_t, w_t = rand(rows, K, dtype=torch.float16), rand(1001, K, dtype=torch.float16)
+    out, sm = plan(h_t, w_t)
+    assert out.stride() == (1008, 1) and sm.stride() == (1001, 1)   # 2002-byte rows to 2016
+    assert_close(out.float(), h_t.float() @ w_t.float().T, tol=5e-3)
+    assert_close(sm.float(), torch.softmax(h_t.float() @ w_t.float().T, -1), tol=5e-3)
+    assert g.build(device="cpu", pad_outputs=[1]).graph.outputs[0].spec.strides is None
+    with override(pad_align=False):
+        assert g.build(device="cpu", pad_outputs=[0]).graph.outputs[0].spec.strides is None
+    with pytest.raises(fg.InvalidValueError, match="pad_outputs"):
+        g.build(device="cpu", pad_outputs=[2])
+    small = fg.Graph(name="small_logits", compute_dtype="float32")      # 64 x 1001: 125 KB
+    small.matmul(small.tensor((M, K), dtype="float16", name="h"), small.tensor((1001, K), dtype="float16", name="w"),
+                 transpose_b=True).set_output()
+    assert small.build(device="cpu", pad_outputs=[0]).graph.outputs[0].spec.strides is None
+
+
 def _input_gemm(n_out: int, dtype: str) -> fg.Graph:
     g = fg.Graph(name="input_gemm", compute_dtype="float32")
     x = g.tensor((M, 1001), dtype=dtype, name="x")
