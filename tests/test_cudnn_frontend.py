@@ -257,10 +257,7 @@ def test_the_sdpa_graph_we_describe_and_its_agreement_check(monkeypatch: pytest.
     graph = _FakeGraph.last
     assert graph is not None and graph.ops == [("sdpa", 0.125, False, True)]
     assert graph.out.dim == [1, 2, 16, 64] and graph.out.stride == [2048, 1024, 64, 1]
-    cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")        # agrees with torch
-    monkeypatch.setattr(_FakeGraph, "wrong", 1.5)
-    with pytest.raises(ValueError, match="cuDNN frontend SDPA"):
-        cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")
+    _check_catches_a_wrong_plan(monkeypatch, launch, node, problem, "cuDNN frontend SDPA")
 
 
 def test_the_sdpa_backward_plans_compute_the_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,10 +291,16 @@ def test_the_sdpa_forward_returns_cudnn_statistics_as_lse(monkeypatch: pytest.Mo
     assert out_t.shape == (1, 2, 16, 64)
     assert got_lse.shape == (1, 2, 16) and got_lse.dtype == torch.float32
     assert_close(got_lse, _lse(qt, kt, 0.125, True), what="lse")
-    cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn_lse")      # out and lse agree
+    _check_catches_a_wrong_plan(monkeypatch, launch, node, problem, "out, lse")
+
+
+def _check_catches_a_wrong_plan(monkeypatch: pytest.MonkeyPatch, launch: Any, node: Any, problem: Any,
+                                message: str) -> None:
+    """The plan agrees with torch, and the check raises once the plan computes something else."""
+    cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")
     monkeypatch.setattr(_FakeGraph, "wrong", 1.5)
-    with pytest.raises(ValueError, match="out, lse"):
-        cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn_lse")
+    with pytest.raises(ValueError, match=message):
+        cudnn_frontend._check_sdpa(launch, node, problem, "cpu", "attn")
 
 
 def test_the_sdpa_backward_with_the_forwards_lse_builds_no_forward(monkeypatch: pytest.MonkeyPatch) -> None:

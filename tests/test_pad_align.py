@@ -103,14 +103,19 @@ def test_registered_in_the_pipeline_and_idempotent() -> None:
     assert pad_align_graph(once) is once     # already padded: a fixed point
 
 
-def test_graph_outputs_are_never_padded() -> None:
+def _logits_and_softmax(rows: int) -> fg.Graph:
+    """Graph outputs: misaligned logits [rows, 1001] (fp16 rows of 2002 bytes), and their softmax."""
     g = fg.Graph(name="logits_out", compute_dtype="float32")
-    h = g.tensor((M, K), dtype="float16", name="h")
+    h = g.tensor((rows, K), dtype="float16", name="h")
     w = g.tensor((1001, K), dtype="float16", name="w")
     logits = g.matmul(h, w, transpose_b=True)
     logits.set_output()
     g.softmax(logits, -1).set_output()
-    plan = g.build(device="cpu")
+    return g
+
+
+def test_graph_outputs_are_never_padded() -> None:
+    plan = _logits_and_softmax(M).build(device="cpu")
     assert all(n.spec.strides is None for n in plan.graph.outputs)
     h_t, w_t = rand(M, K, dtype=torch.float16), rand(1001, K, dtype=torch.float16)
     out, sm = plan(h_t, w_t)
@@ -123,12 +128,7 @@ def test_outputs_the_caller_takes_padded_are_padded() -> None:
     rows (the torch backend's saved logits), the same values; an unlisted or small one stays dense;
     a position past the outputs is a typed error."""
     rows = 1024     # 1024 x 1001 fp16 = 2.0 MB, over MIN_OUTPUT_BYTES
-    g = fg.Graph(name="saved_logits", compute_dtype="float32")
-    h = g.tensor((rows, K), dtype="float16", name="h")
-    w = g.tensor((1001, K), dtype="float16", name="w")
-    logits = g.matmul(h, w, transpose_b=True)
-    logits.set_output()
-    g.softmax(logits, -1).set_output()
+    g = _logits_and_softmax(rows)
     plan = g.build(device="cpu", pad_outputs=[0])
     h_t, w_t = rand(rows, K, dtype=torch.float16), rand(1001, K, dtype=torch.float16)
     out, sm = plan(h_t, w_t)
@@ -140,9 +140,7 @@ def test_outputs_the_caller_takes_padded_are_padded() -> None:
         assert g.build(device="cpu", pad_outputs=[0]).graph.outputs[0].spec.strides is None
     with pytest.raises(fg.InvalidValueError, match="pad_outputs"):
         g.build(device="cpu", pad_outputs=[2])
-    small = fg.Graph(name="small_logits", compute_dtype="float32")      # 64 x 1001: 125 KB
-    small.matmul(small.tensor((M, K), dtype="float16", name="h"), small.tensor((1001, K), dtype="float16", name="w"),
-                 transpose_b=True).set_output()
+    small = _logits_and_softmax(M)      # 64 x 1001: 125 KB, under MIN_OUTPUT_BYTES
     assert small.build(device="cpu", pad_outputs=[0]).graph.outputs[0].spec.strides is None
 
 
