@@ -154,3 +154,59 @@ def test_torch_sdpa_candidate_gives_zero_rows_where_a_bool_mask_hides_every_key(
     ref = _sdpa_math([q, k, v, mask], {"has_mask": True, "scale": 0.35})
     assert torch.isfinite(out).all()
     assert_close(out, ref, tol=1e-5)
+
+
+class _RecordingKernel:
+    """Stands in for a jitted attention kernel: records what Triton would be asked to compile."""
+
+    def __init__(self, name: str, seen: list[tuple[str, dict]]) -> None:
+        self.name, self.seen = name, seen
+
+    def warmup(self, *args: object, grid: tuple[int, ...], **consts: object) -> None:
+        assert all(isinstance(a, torch.Tensor | int | float) for a in args)
+        self.seen.append((self.name, dict(consts)))
+
+
+@pytest.mark.parametrize("with_lse", [True, False])
+def test_attention_kernels_compile_ahead_once_per_distinct_launch(monkeypatch: pytest.MonkeyPatch,
+                                                                   with_lse: bool) -> None:
+    """precompile's jobs for an attention node: one per forward config; the backward's configs differ
+    only in forward options its kernels do not read, so with the forward's lse one job (dk/dv + dq),
+    without it one per config (the forward it recomputes, then dk/dv + dq). None when launch-bound."""
+    from fusegraph.backends import attention_kernel
+    from fusegraph.codegen import attention as codegen_attention
+    from fusegraph.tune import autotuner
+
+    seen: list[tuple[str, dict]] = []
+    monkeypatch.setattr(codegen_attention, "_kernel", lambda name: _RecordingKernel(name, seen))
+    monkeypatch.setattr(attention_kernel, "_random_inputs",
+                        lambda node, device: [torch.randn(n.shape).to(fg.ir.dtypes.to_torch(n.dtype))
+                                              for n in node.inputs])
+    g = fg.Graph(name="attn_jobs")
+    q, k, v = (g.tensor((2, 4, 256, 64), dtype="float16", name=n) for n in "qkv")
+    out, lse = g.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    dy = g.tensor((2, 4, 256, 64), dtype="float16", name="dy")
+    grads = g.sdpa_backward(dy, q, k, v, out, lse=lse if with_lse else None, is_causal=True)
+    for t in (out, lse, *grads):
+        t.set_output()
+    nodes = {n.op: n for n in g.to_ir().nodes}
+    monkeypatch.setattr(autotuner, "launch_bound", lambda floor: False)
+    forward = attention_kernel.attention_warmup_jobs(nodes["scaled_dot_product_attention"], "cuda")
+    assert len(forward) == len(attention_configs(attention_kernel.attention_problem(
+        nodes["scaled_dot_product_attention"])))
+    for job in forward:
+        job()
+    assert [name for name, _ in seen] == ["attention_fwd"] * len(forward)
+    assert len({repr(sorted(c.items())) for _, c in seen}) == len(forward)
+    seen.clear()
+    backward = attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cuda")
+    for job in backward:
+        job()
+    if with_lse:
+        assert len(backward) == 1 and [n for n, _ in seen] == ["attention_bwd_dkdv", "attention_bwd_dq"]
+    else:
+        assert len(backward) == len(forward)
+        assert [n for n, _ in seen[:3]] == ["attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"]
+    monkeypatch.setattr(autotuner, "launch_bound", lambda floor: True)
+    assert attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cuda") == []
+    assert attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cpu") == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,9 @@ from ..codegen.attention import (
     attention_configs,
     attention_forward,
     attention_supported,
+    backward_calls,
     default_scale,
+    forward_calls,
 )
 from ..codegen.compile import interpreting
 from ..ir import dtypes
@@ -103,6 +105,55 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         if why is not None:
             kernel.note = f"no Triton kernel: {why}"
     return kernel
+
+
+def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
+    """Compile-ahead jobs (backends/plan_precompile.py) for the Triton kernels an attention node's build
+    compiles one after another while it tunes: each distinct launch of its candidate configs (the
+    backward's recompute of the forward too, without the forward's lse). [] when the kernels do not
+    cover the problem, off the GPU, or when the node is launch-bound (its build then tries torch's
+    backends first and compiles nothing). Inputs: random, in the strides the plan passes."""
+    from ..tune.autotuner import floor_ms_of, launch_bound
+
+    problem = attention_problem(node)
+    if not device.startswith("cuda") or attention_supported(problem) is not None or not settings.autotune:
+        return []
+    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
+    shape = Kernel(name=node.name, kind="attention", backend="triton", nodes=(node,), inputs=tuple(node.inputs),
+                   outputs=(node,), cost=cost, launch=lambda args: [])
+    if launch_bound(floor_ms_of(shape)):
+        return []
+    backward = node.op == "sdpa_backward"
+    has_lse = backward and bool(node.attrs.get("has_lse", False))
+
+    def calls(config: dict[str, Any]) -> list[Any]:
+        args = _random_inputs(node, device)
+        if not backward:
+            mask = args[3] if problem.mask_kind else None
+            return forward_calls(args[0], args[1], args[2], mask, problem, config, node.specs[0].memory_strides)[2]
+        grad_out, q, k, v = args[:4]
+        mask = args[5] if problem.mask_kind else None
+        lse = torch.zeros((problem.batch, problem.heads, problem.sq), dtype=torch.float32, device=q.device)
+        recompute = [] if has_lse else forward_calls(q, k, v, mask, problem, config)[2]
+        return recompute + backward_calls(grad_out, q, k, v, lse, torch.zeros_like(lse), mask, problem, config)[3]
+
+    jobs: list[Callable[[], Any]] = []
+    seen: set[str] = set()
+    for config in attention_configs(problem):
+        # the backward kernels read only the BWD_* options: configs that differ elsewhere compile the same
+        bwd = tuple(config.get(k) for k in ("BWD_BLOCK_M", "BWD_BLOCK_N", "bwd_warps"))
+        key = repr(bwd + (() if has_lse else tuple(sorted(config.items())))) if backward \
+            else repr(sorted(config.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+
+        def job(config: dict[str, Any] = config) -> None:
+            for fn, grid, args, consts in calls(config):
+                fn.warmup(*args, grid=grid, **consts)
+
+        jobs.append(job)
+    return jobs
 
 
 def in_spec_strides(node: Node, launch: Any) -> Any:

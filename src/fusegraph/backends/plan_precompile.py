@@ -7,7 +7,9 @@ build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_j
 (pointwise, row reductions, and the two launches of split column reductions) and row + column pairs
 (both launches, when the pair is eligible for one pass) and the generated epilogue of a convolution
 (fg_k{k}_conv_epilogue: the plain conv + epilogue candidate every fused library candidate is checked
-and timed against); the rest (library plans, attention, cuBLAS epilogues) compiles where it is built.
+and timed against), and the Triton attention kernels of attention nodes (each distinct launch of their
+candidate configs, backends/attention_kernel.attention_warmup_jobs); the rest (library plans, cuBLAS
+epilogues) compiles where it is built.
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
 
@@ -24,12 +26,16 @@ from ..settings import settings
 
 log = logging.getLogger("fusegraph.backends")
 
+ATTENTION_OPS = ("scaled_dot_product_attention", "sdpa_backward")
+
 
 def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) -> int:
     """Submit every compile the plan's build will need; returns how many jobs ran."""
     from ..fusion.epilogue import ConvGroup, MatmulGroup
     from ..fusion.partition import KernelGroup, RowColumnGroup
+    from ..ir.node import Node
     from ..tune.precompile import compile_in_parallel
+    from .attention_kernel import attention_problem, attention_warmup_jobs
     from .matmul_kernel import gemm_warmup_jobs
 
     if not device.startswith("cuda") or not settings.use_triton or interpreting():
@@ -48,6 +54,9 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
                                               name=f"fg_k{k}_conv_epilogue")
             elif isinstance(item, KernelGroup):
                 jobs += fused_warmup_jobs(item, k, device, options, seen=seen)
+            elif isinstance(item, Node) and item.op in ATTENTION_OPS and \
+                    first_time(f"{item.op} {attention_problem(item)!r} {sorted(item.attrs.items())!r}", seen):
+                jobs += attention_warmup_jobs(item, device)
         except Exception as err:  # the kernel's own build reports it
             log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
     compile_in_parallel(jobs)

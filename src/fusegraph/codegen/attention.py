@@ -293,11 +293,14 @@ def _mask_view(mask: torch.Tensor | None, p: AttentionProblem) -> tuple[torch.Te
     return full, _strides4(full)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                      p: AttentionProblem, config: dict[str, Any],
-                      out_strides: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, H, Sq, Dv] in q's dtype, contiguous or in `out_strides`; lse [B, H, Sq] fp32) with
-    the Triton forward kernel."""
+Call = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]   # (kernel, grid, args, constexprs)
+
+
+def forward_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  p: AttentionProblem, config: dict[str, Any], out_strides: tuple[int, ...] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[Call]]:
+    """(out, lse, the launch that fills them): what attention_forward runs, and what a compile-ahead
+    job (backends/attention_kernel.attention_warmup_jobs) hands to Triton's warmup."""
     fn = _kernel("attention_fwd")
     shape = (p.batch, p.heads, p.sq, p.head_dim_v)
     out = torch.empty(shape, dtype=q.dtype, device=q.device) if out_strides is None else \
@@ -306,22 +309,29 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     mask_t, ms = _mask_view(mask, p)
     bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     grid = (-(-p.sq // bm), p.batch * p.heads)
-    fn[grid](q, k, v, q if mask_t is None else mask_t, out, lse, *_strides4(q), *_strides4(k), *_strides4(v), *ms,
-             *_strides4(out), p.heads, p.sq, p.sk, p.heads // p.kv_heads, p.scale * LOG2E,
-             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=p.head_dim, HEAD_DV=p.head_dim_v, CAUSAL=p.causal,
-             MASK_KIND=p.mask_kind, num_warps=int(config.get("num_warps", 4)),
-             num_stages=int(config.get("num_stages", 2)))
+    args = (q, k, v, q if mask_t is None else mask_t, out, lse, *_strides4(q), *_strides4(k), *_strides4(v), *ms,
+            *_strides4(out), p.heads, p.sq, p.sk, p.heads // p.kv_heads, p.scale * LOG2E)
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "HEAD_D": p.head_dim, "HEAD_DV": p.head_dim_v, "CAUSAL": p.causal,
+              "MASK_KIND": p.mask_kind, "num_warps": int(config.get("num_warps", 4)),
+              "num_stages": int(config.get("num_stages", 2))}
+    return out, lse, [(fn, grid, args, consts)]
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      p: AttentionProblem, config: dict[str, Any],
+                      out_strides: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, Sq, Dv] in q's dtype, contiguous or in `out_strides`; lse [B, H, Sq] fp32) with
+    the Triton forward kernel."""
+    out, lse, calls = forward_calls(q, k, v, mask, p, config, out_strides)
+    for fn, grid, args, consts in calls:
+        fn[grid](*args, **consts)
     return out, lse
 
 
-def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, p: AttentionProblem,
-                       config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous, in q's dtype."""
-    dkdv = _kernel("attention_bwd_dkdv")
-    dq_fn = _kernel("attention_bwd_dq")
-    delta = (grad_out.float() * out.float()).sum(-1).contiguous()
-    lse = lse.float().contiguous()
+def backward_calls(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+                   delta: torch.Tensor, mask: torch.Tensor | None, p: AttentionProblem, config: dict[str, Any]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Call]]:
+    """(dq, dk, dv, the two launches that fill them) from the fp32 lse and delta = rowsum(dO * O)."""
     mask_t, ms = _mask_view(mask, p)
     dq = torch.empty((p.batch, p.heads, p.sq, p.head_dim), dtype=q.dtype, device=q.device)
     dk = torch.empty((p.batch, p.kv_heads, p.sk, p.head_dim), dtype=q.dtype, device=q.device)
@@ -336,12 +346,23 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
               "MASK_KIND": p.mask_kind, "num_warps": int(config.get("bwd_warps", 4))}
     mask_arg = q if mask_t is None else mask_t
     group = p.heads // p.kv_heads
-    dkdv[(-(-p.sk // bn), p.batch * p.kv_heads)](
-        q, k, v, mask_arg, grad_out, lse, delta, dk, dv, *common, p.heads, p.kv_heads, p.sq, p.sk, group,
-        p.scale * LOG2E, p.scale, **consts)
-    dq_fn[(-(-p.sq // bm), p.batch * p.heads)](
-        q, k, v, mask_arg, grad_out, lse, delta, dq, *common, p.heads, p.sq, p.sk, group, p.scale * LOG2E,
-        p.scale, **consts)
+    dkdv = (_kernel("attention_bwd_dkdv"), (-(-p.sk // bn), p.batch * p.kv_heads),
+            (q, k, v, mask_arg, grad_out, lse, delta, dk, dv, *common, p.heads, p.kv_heads, p.sq, p.sk, group,
+             p.scale * LOG2E, p.scale), consts)
+    dq_call = (_kernel("attention_bwd_dq"), (-(-p.sq // bm), p.batch * p.heads),
+               (q, k, v, mask_arg, grad_out, lse, delta, dq, *common, p.heads, p.sq, p.sk, group, p.scale * LOG2E,
+                p.scale), consts)
+    return dq, dk, dv, [dkdv, dq_call]
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, p: AttentionProblem,
+                       config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), contiguous, in q's dtype."""
+    delta = (grad_out.float() * out.float()).sum(-1).contiguous()
+    dq, dk, dv, calls = backward_calls(grad_out, q, k, v, lse.float().contiguous(), delta, mask, p, config)
+    for fn, grid, args, consts in calls:
+        fn[grid](*args, **consts)
     return dq, dk, dv
 
 
