@@ -62,7 +62,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     why = attention_supported(problem)
     candidates: dict[str, Any] = {}
     if why is None:
-        for config in attention_configs(problem):
+        for config in distinct_configs(node, problem):
             label = "triton:" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
             candidates[label] = (_triton_backward if backward else _triton_forward)(node, problem, config)
     # torch's kernels give NaN where a boolean mask hides every key of a query (we give 0): the
@@ -138,22 +138,26 @@ def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
         return recompute + backward_calls(grad_out, q, k, v, lse, torch.zeros_like(lse), mask, problem, config)[3]
 
     jobs: list[Callable[[], Any]] = []
-    seen: set[str] = set()
-    for config in attention_configs(problem):
-        # the backward kernels read only the BWD_* options: configs that differ elsewhere compile the same
-        bwd = tuple(config.get(k) for k in ("BWD_BLOCK_M", "BWD_BLOCK_N", "bwd_warps"))
-        key = repr(bwd + (() if has_lse else tuple(sorted(config.items())))) if backward \
-            else repr(sorted(config.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-
+    for config in distinct_configs(node, problem):
         def job(config: dict[str, Any] = config) -> None:
             for fn, grid, args, consts in calls(config):
                 fn.warmup(*args, grid=grid, **consts)
 
         jobs.append(job)
     return jobs
+
+
+def distinct_configs(node: Node, problem: AttentionProblem) -> list[dict[str, Any]]:
+    """The Triton candidate configs that launch different kernels: a backward fed the forward's lse
+    reads only the BWD_* options, so configs differing in forward tiles alone are one candidate (the
+    tuner would time the same kernels again); without the lse the forward it recomputes differs."""
+    configs = attention_configs(problem)
+    if node.op != "sdpa_backward" or not node.attrs.get("has_lse", False):
+        return configs
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for config in configs:
+        seen.setdefault(tuple(config.get(k) for k in ("BWD_BLOCK_M", "BWD_BLOCK_N", "bwd_warps")), config)
+    return list(seen.values())
 
 
 def in_spec_strides(node: Node, launch: Any) -> Any:
