@@ -162,17 +162,19 @@ class _RecordingKernel:
     def __init__(self, name: str, seen: list[tuple[str, dict]]) -> None:
         self.name, self.seen = name, seen
 
-    def warmup(self, *args: object, grid: tuple[int, ...], **consts: object) -> None:
+    def warmup(self, *args: object, grid: tuple[int, ...], **consts: object) -> str:
         assert all(isinstance(a, torch.Tensor | int | float) for a in args)
         self.seen.append((self.name, dict(consts)))
+        return self.name
 
 
 @pytest.mark.parametrize("with_lse", [True, False])
 def test_attention_kernels_compile_ahead_once_per_distinct_launch(monkeypatch: pytest.MonkeyPatch,
                                                                    with_lse: bool) -> None:
-    """precompile's jobs for an attention node: one per forward config; the backward's configs differ
-    only in forward options its kernels do not read, so with the forward's lse one job (dk/dv + dq),
-    without it one per config (the forward it recomputes, then dk/dv + dq). None when launch-bound."""
+    """precompile's jobs for an attention node, one warmup each: one per forward config; the backward's
+    configs differ only in forward options its kernels do not read, so with the forward's lse two jobs
+    (dk/dv, dq), without it three per config (the forward it recomputes, dk/dv, dq). None when
+    launch-bound."""
     from fusegraph.backends import attention_kernel
     from fusegraph.codegen import attention as codegen_attention
     from fusegraph.tune import autotuner
@@ -194,8 +196,7 @@ def test_attention_kernels_compile_ahead_once_per_distinct_launch(monkeypatch: p
     forward = attention_kernel.attention_warmup_jobs(nodes["scaled_dot_product_attention"], "cuda")
     assert len(forward) == len(attention_configs(attention_kernel.attention_problem(
         nodes["scaled_dot_product_attention"])))
-    for job in forward:
-        job()
+    assert [job() for job in forward] == ["attention_fwd"] * len(forward)     # each returns its handle
     assert [name for name, _ in seen] == ["attention_fwd"] * len(forward)
     assert len({repr(sorted(c.items())) for _, c in seen}) == len(forward)
     seen.clear()
@@ -203,9 +204,9 @@ def test_attention_kernels_compile_ahead_once_per_distinct_launch(monkeypatch: p
     for job in backward:
         job()
     if with_lse:
-        assert len(backward) == 1 and [n for n, _ in seen] == ["attention_bwd_dkdv", "attention_bwd_dq"]
+        assert len(backward) == 2 and [n for n, _ in seen] == ["attention_bwd_dkdv", "attention_bwd_dq"]
     else:
-        assert len(backward) == len(forward)
+        assert len(backward) == 3 * len(forward)
         assert [n for n, _ in seen[:3]] == ["attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"]
     monkeypatch.setattr(autotuner, "launch_bound", lambda floor: True)
     assert attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cuda") == []

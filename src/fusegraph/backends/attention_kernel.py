@@ -5,6 +5,7 @@ generated kernel covers goes to a library or the reference."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -137,14 +138,14 @@ def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
         recompute = [] if has_lse else forward_calls(q, k, v, mask, problem, config)[2]
         return recompute + backward_calls(grad_out, q, k, v, lse, torch.zeros_like(lse), mask, problem, config)[3]
 
-    jobs: list[Callable[[], Any]] = []
-    for config in distinct_configs(node, problem):
-        def job(config: dict[str, Any] = config) -> None:
-            for fn, grid, args, consts in calls(config):
-                fn.warmup(*args, grid=grid, **consts)
+    launches = 1 if not backward else 2 if has_lse else 3   # the recomputed forward, dk/dv, dq
 
-        jobs.append(job)
-    return jobs
+    def job(config: dict[str, Any], index: int) -> Any:
+        fn, grid, args, consts = calls(config)[index]
+        return fn.warmup(*args, grid=grid, **consts)   # a handle, as tune/precompile expects of a job
+
+    return [functools.partial(job, config, index) for config in distinct_configs(node, problem)
+            for index in range(launches)]
 
 
 def distinct_configs(node: Node, problem: AttentionProblem) -> list[dict[str, Any]]:
