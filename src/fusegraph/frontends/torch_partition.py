@@ -587,15 +587,22 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     return split, record
 
 
+def _output_values(gm: torch.fx.GraphModule) -> list[Any] | None:
+    """What gm returns, one entry per output (None: gm has no output node)."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return None
+    return list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
+
+
 def _saved_only(gm: torch.fx.GraphModule, partitions: Sequence[Any],
                 held_outputs: Sequence[int] | None) -> dict[str, torch.Tensor]:
     """A forward's saved activations (outputs past `held_outputs`) computed inside a partition and read
     by nothing outside it, by name, with their traced values: its plan may choose their layout (a
     view with gaps instead of a copy, padded rows), which the backward then declares."""
-    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
-    if out is None or held_outputs is None:
+    values = _output_values(gm)
+    if values is None or held_outputs is None:
         return {}
-    values = list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
     kept = set(held_outputs)
     members = {n: p for p in partitions for n in p.nodes}
     found: dict[str, torch.Tensor] = {}
@@ -637,12 +644,9 @@ def storage_key(val: Any) -> int | None:
 
 def held_storages(gm: torch.fx.GraphModule, held_outputs: Sequence[int] | None) -> frozenset[int] | None:
     """The storages of gm's outputs at `held_outputs` (None: all outputs, or one of them unknown)."""
-    if held_outputs is None:
+    values = _output_values(gm)
+    if held_outputs is None or values is None:
         return None
-    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
-    if out is None:
-        return None
-    values = list(out.args[0]) if isinstance(out.args[0], list | tuple) else [out.args[0]]
     keys: set[int] = set()
     for i in held_outputs:
         node = values[i] if 0 <= i < len(values) else None

@@ -77,12 +77,12 @@ def leading_regroup(node: Node) -> int | None:
 
 def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> Node | None:
     """p(..., reshape(x), ...) -> reshape(p'(...), p.shape) when the reshape regroups leading dims
-    of a value that comes from a matmul (through pointwise ops) and p may read x instead (`single`
-    per input: p is the reshape's only reader, or the reshape or x is a graph output (so x is stored
-    anyway) and every reader of the reshape is a pointwise op of its shape, each then sunk alike: a training
-    forward's activation function reading the linear layer's result, which is saved for the
-    backward, now all in the matmul's epilogue; a reshape read by other ops stays, so x stays one
-    stored value, not one recomputed in each reader's kernel); see the module docstring."""
+    of a value that comes from a matmul (through pointwise ops) and p may read x instead. `single`,
+    per input: p is the reshape's only reader, or (settings.sink_shared_reshapes) the reshape or x
+    is a graph output, so x is stored anyway, and every reader of the reshape is a pointwise op of
+    its shape, each then sunk alike (a training forward's activation function reading the saved
+    linear result lands in the matmul's epilogue). Otherwise a reshape read by several ops stays,
+    so x stays one stored value, not one recomputed in each reader's kernel. See the module docstring."""
     if not get_op(node.op).has(POINTWISE) or node.multi_output:
         return None
     for j, r_node in enumerate(node.inputs):
