@@ -145,6 +145,12 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
           "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
+_register("share_row_pass", bool, lambda: True,
+          "Column reductions (a linear layer's bias gradient, layernorm's weight gradients) run in the pass of "
+          "the row kernel whose data they read: also when they only load the same tensors, and several per "
+          "row kernel; a sum over a reshape that merges dims reduces the reshape's input, in its producer's "
+          "iteration space (passes/simplify.py, fusion/partition.py). Off: a column reduction pairs only with "
+          "a row kernel that computes a value it reads, one per row kernel.")
 _register("saved_views", bool, lambda: True,
           "Training: activations saved for the backward that torch traced as views with gaps (q, k, v sliced "
           "out of one qkv projection) are returned as views of that result, and the backward's plan reads "

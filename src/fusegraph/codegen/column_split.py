@@ -2,7 +2,9 @@
 layernorm backward's dw/db = sums over 16k rows, batchnorm statistics): a partial kernel where
 each program reduces CHUNK rows of a ROWS-wide column block into a fp32 workspace, then a finish
 kernel that reduces the SPLITS partials of each column in a fixed order (deterministic) and runs
-the epilogue. One kernel per column block would leave most of the GPU idle."""
+the epilogue. One kernel per column block would leave most of the GPU idle. Per-element results
+that do not wait for the reduction (the pointwise value whose column sums are reduced) are
+stored by the partial kernel, for the rows each program walks."""
 
 from __future__ import annotations
 
@@ -48,10 +50,13 @@ class ColumnSplitWriter(_ReductionWriter):
         self.emit(f"mask = rmask & (cols < {cols})", 2)
         for line in red_lines:
             self.emit(line, 2)
-        needed = _full_ancestors(reduces, by_key)
+        full_stores = [e for e in self.group.stores if e.full]   # per-element results of these rows
+        needed = _full_ancestors(reduces + full_stores, by_key)
         for e in self.group.entries:
             if e.key in needed:
                 self.value(e, "mask", dimvar, 2)
+        for e in full_stores:
+            self.store(e, "mask", dimvar, 2)
         for e in reduces:
             masked = f"tl.where(mask, {self.expr[e.args[0]]}, {FILL[combine[e.key]]})"
             if combine[e.key] == "sum":
@@ -97,7 +102,8 @@ class ColumnSplitWriter(_ReductionWriter):
             if not e.full and e.kind != "reduce":
                 self.value(e, "rmask", dimvar, 1)
         for e in stores:
-            self.store(e, "rmask", dimvar, 1)
+            if not e.full:   # per-element results were stored by the partial kernel
+                self.store(e, "rmask", dimvar, 1)
         return self.lines
 
 

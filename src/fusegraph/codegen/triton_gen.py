@@ -472,12 +472,14 @@ class _ReductionWriter(_Writer):
         return domain_dim(emb[inner]) in self.domain.kept
 
     def splittable(self) -> bool:
-        """A column reduction over many rows, with one round of reductions and only per-column
-        results: split the rows across programs (partials), then reduce the partials."""
+        """A column reduction over many rows, with one round of reductions, whose per-element
+        results (if any) do not wait for it: split the rows across programs (partials, and the
+        per-element stores of their rows, e.g. an activation's gradient whose column sums are the
+        bias gradient), then reduce the partials."""
         entries = self.group.entries
         column_like = self._is_column() or not self.domain.kept   # a full reduction is one column
         return (column_like and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
-                and all(e.stage <= 1 for e in entries) and all(not e.full for e in self.group.stores))
+                and all(e.stage <= 1 for e in entries) and all(not e.full or e.stage == 0 for e in self.group.stores))
 
     def _reduce_single(self, e: Entry, ax: int) -> None:
         combine = get_op(e.node.op).extra["combine"]

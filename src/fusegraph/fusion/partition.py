@@ -26,6 +26,7 @@ from ..ir import dtypes
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import POINTWISE, REDUCTION, SOURCE, VIEW, get_op
+from ..settings import settings
 from .index_map import (
     Affine,
     concat_fusable,
@@ -396,7 +397,8 @@ def partition_graph(graph: Graph, aliases: Collection[int] = ()) -> Partition:
             break
         materialized |= more
     external = {n.id for n in graph.outputs} | {i.id for n in library for i in n.inputs}
-    groups = _pair_rows_with_columns(groups, ancestors, external)
+    boundary = {e.node.id for g in groups for e in g.stores} | {n.id for n in library}
+    groups = _pair_rows_with_columns(groups, ancestors, external, boundary)
     return Partition(_schedule(groups, library, graph))
 
 
@@ -537,48 +539,111 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
     return None
 
 
-def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int],
-                            external: set[int]) -> list[KernelGroup]:
-    """Pair a column reduction with the row reduction over the same space whose values it reads
-    (see RowColumnGroup): the column kernel's second pass over the data disappears."""
+def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int], external: set[int],
+                            boundary: set[int]) -> list[KernelGroup]:
+    """Pair column reductions with the row reduction over the same space whose data they read
+    (see RowColumnGroup): the column kernels' second pass over the data disappears.
+
+    A column reduction goes with the row kernel it shares the most bytes with: values the row
+    computes (a bias gradient summing the rows of layernorm backward's dx) or tensors both load
+    (layernorm backward's dw and db read the dx kernel's inputs). The column reductions one row
+    kernel gets are traced as one column group (their loads once), as many as fit: a column that
+    would make the pair read its own results is left apart. `boundary`: the values every kernel
+    reads from memory (stored results, library nodes)."""
+    bits = _bits(ancestors)
+    rows = [g for g in groups if g.domain.is_reduction]
+    claimed: dict[int, list[tuple[int, KernelGroup]]] = {}
+    taken: set[int] = set()
+    for col in groups:
+        if not col.domain.is_reduction or any(e.stage > 1 for e in col.entries) or any(e.full for e in col.stores):
+            continue
+        best, score = None, 0
+        for row in rows:
+            if row is col or id(row) in taken or not (_transposed(row.domain, col.domain)
+                                                      or _over_rows(row.domain, col.domain)):
+                continue
+            shared = _shared_bytes(row, col)
+            if shared > score:
+                best, score = row, shared
+        if best is not None:
+            claimed.setdefault(id(best), []).append((score, col))
+            taken.add(id(col))
+    out = list(groups)
+    for row in rows:
+        if id(row) in taken or id(row) not in claimed:
+            continue
+        cols = [c for _, c in sorted(claimed[id(row)], key=lambda sc: -sc[0])]
+        merged: KernelGroup | None = None
+        members: list[KernelGroup] = []
+        for col in cols if settings.share_row_pass else cols[:1]:
+            trial = _columns_as_one([*members, col], boundary)
+            if trial is None or _cyclic(_pair_of(row, trial, out, members + [col], external), ancestors, bits):
+                continue
+            merged, members = trial, [*members, col]
+        if merged is None:
+            continue
+        pair = _pair_of(row, merged, out, members, external)
+        out[out.index(row)] = pair
+        for col in members:
+            out.remove(col)
+    return out
+
+
+def _shared_bytes(row: KernelGroup, col: KernelGroup) -> int:
+    """Bytes the column kernel reads per pass that the row kernel has in registers too: values it
+    computes, or full-size tensors it loads (0 when the column reads a row value the row holds in
+    another placement: that pair cannot share registers)."""
+    computed = {(e.node.id, e.emb) for e in row.entries if e.kind != "load"}
+    row_nodes = {e.node.id for e in row.entries if e.kind != "load"}
+    row_loads = {(e.node.id, e.emb) for e in row.loads} if settings.share_row_pass else set()
+    total = 0
+    for e in col.loads:
+        if e.node.id in row_nodes and (e.node.id, e.emb) not in computed:
+            return 0
+        if (e.node.id, e.emb) in computed or ((e.node.id, e.emb) in row_loads and e.full):
+            total += e.node.spec.numel * dtypes.itemsize(e.node.dtype)
+    return total
+
+
+def _columns_as_one(cols: list[KernelGroup], boundary: set[int]) -> KernelGroup | None:
+    """The column reductions traced as one group (stores: what each stored), or None when they do
+    not fit one (other domains, a trace conflict, a second round of reductions)."""
+    if len(cols) == 1:
+        return cols[0]
+    if any(c.domain != cols[0].domain for c in cols):
+        return None
+    group = KernelGroup(cols[0].domain, [a for c in cols for a in c.anchors])
+    try:
+        trace_group(group, boundary)
+    except TraceError:
+        return None
+    stored = {e.node.id for c in cols for e in c.stores}
+    group.stores = [e for e in group.stores if e.node.id in stored]
+    if any(e.stage > 1 for e in group.entries) or any(e.full for e in group.stores):
+        return None
+    return group
+
+
+def _pair_of(row: KernelGroup, col: KernelGroup, groups: list[KernelGroup], members: list[KernelGroup],
+             external: set[int]) -> RowColumnGroup:
+    """`row` and the column group `col` (made of the groups `members`) as one RowColumnGroup: col's
+    entries renamed apart, row results only col reads kept in registers."""
     import dataclasses
 
-    bits = _bits(ancestors)
-    out = list(groups)
-    for col in groups:
-        if col not in out or not col.domain.is_reduction:
-            continue
-        if any(e.stage > 1 for e in col.entries) or any(e.full for e in col.stores):
-            continue
-        for row in out:
-            if row is col or isinstance(row, RowColumnGroup) or not row.domain.is_reduction:
-                continue
-            if not (_transposed(row.domain, col.domain) or _over_rows(row.domain, col.domain)):
-                continue
-            computed = {(e.node.id, e.emb) for e in row.entries if e.kind != "load"}
-            row_nodes = {e.node.id for e in row.entries if e.kind != "load"}
-            if any(e.node.id in row_nodes and (e.node.id, e.emb) not in computed for e in col.loads):
-                continue
-            if not any(e.node.id in row_nodes for e in col.loads):
-                continue
-            rename = {e.key: "c" + e.key for e in col.entries}
-            entries = [dataclasses.replace(e, key=rename[e.key], args=tuple(rename[a] for a in e.args))
-                       for e in col.entries]
-            by_key = {e.key: e for e in entries}
-            stores = [by_key[rename[e.key]] for e in col.stores]
-            loads = [e for e in entries if e.kind == "load"]
-            renamed = KernelGroup(col.domain, col.anchors, entries, stores, loads)
-            others = external | {e.node.id for g in out if g is not row and g is not col for e in g.loads}
-            row_stores = [e for e in row.stores if e.node.id in others]   # the rest stays in registers
-            pair = RowColumnGroup(row.domain, row.anchors + col.anchors, row.entries + entries, row_stores + stores,
-                                  row.loads + [e for e in loads if e.node.id not in row_nodes],
-                                  row=row, col=renamed, separate=col)
-            if _cyclic(pair, ancestors, bits):
-                continue
-            out[out.index(row)] = pair
-            out.remove(col)
-            break
-    return out
+    row_nodes = {e.node.id for e in row.entries if e.kind != "load"}
+    rename = {e.key: "c" + e.key for e in col.entries}
+    entries = [dataclasses.replace(e, key=rename[e.key], args=tuple(rename[a] for a in e.args))
+               for e in col.entries]
+    by_key = {e.key: e for e in entries}
+    stores = [by_key[rename[e.key]] for e in col.stores]
+    loads = [e for e in entries if e.kind == "load"]
+    renamed = KernelGroup(col.domain, col.anchors, entries, stores, loads)
+    skip = {id(row), *(id(m) for m in members)}
+    others = external | {e.node.id for g in groups if id(g) not in skip for e in g.loads}
+    row_stores = [e for e in row.stores if e.node.id in others]   # the rest stays in registers
+    return RowColumnGroup(row.domain, row.anchors + col.anchors, row.entries + entries, row_stores + stores,
+                          row.loads + [e for e in loads if e.node.id not in row_nodes],
+                          row=row, col=renamed, separate=col)
 
 
 def _transposed(row: Domain, col: Domain) -> bool:

@@ -20,6 +20,12 @@ What counts as "exact" here (each rule says which it relies on):
   floats (round-to-nearest of an exact value), or all three are integers (wrap-around is modular).
 - Layout compositions (permute/transpose/reshape chains, reshape/expand to the input's own
   shape, a transpose folded into matmul's trans_a/trans_b) only move data, so they are exact.
+- A sum/max/min over a reshape that only merges dims, each merged run wholly reduced or wholly
+  kept, reduces the reshape's input instead: sum(reshape(g, [B*T, C]), 0) -> sum(g, (0, 1)), its
+  result reshaped. The same elements are combined (a sum may add them in another order). The
+  reduction then has its producer's (finer) iteration space, so a linear layer's bias gradient
+  can share the pass of the kernel that computes its input (fusion/partition.py pairs rows with
+  columns). A reshape that splits dims is left alone: the finer space is already the reduction's.
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -37,6 +43,7 @@ from ..ir.emit import Emitter
 from ..ir.graph import Graph, map_nodes
 from ..ir.node import Attrs, Node
 from ..ir.registry import COMMUTATIVE, IDEMPOTENT, INVOLUTION, get_op
+from ..settings import settings
 from .base import graph_pass
 
 MAX_REWRITES_PER_NODE = 16     # a bound on rule chains at one node (each rule removes work)
@@ -271,6 +278,60 @@ def _transpose_into_matmul(node: Node, a: Node, b: Node) -> Node | None:
     return rebuild(node, "matmul", inputs, **attrs)
 
 
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """The dims of `src` and of `dst` (a reshape of it, same numel > 0) in matching consecutive runs
+    of equal size: ([0, 1], [0]) for (B, T, C) -> (B*T, C)'s first dims. None for an empty tensor."""
+    if 0 in src or 0 in dst:
+        return None
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        ga, gb, pa, pb = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(i)
+                pa *= src[i]
+                i += 1
+            else:
+                gb.append(j)
+                pb *= dst[j]
+                j += 1
+        groups.append((ga, gb))
+    if groups:   # trailing size-1 dims join the last run
+        groups[-1][0].extend(range(i, len(src)))
+        groups[-1][1].extend(range(j, len(dst)))
+    return groups
+
+
+def _reduce_through_reshape(node: Node, inner: Node, x: Node) -> Node | None:
+    dims = node.attrs.get("dims")
+    if dims is None or inner.shape == x.shape or not settings.share_row_pass:
+        return None
+    reduced = {d % max(len(inner.shape), 1) for d in ((dims,) if isinstance(dims, int) else dims)}
+    groups = reshape_groups(tuple(x.shape), tuple(inner.shape))
+    if groups is None:
+        return None
+    new_dims: list[int] = []
+    for src_dims, dst_dims in groups:
+        big = [d for d in dst_dims if inner.shape[d] != 1]
+        if len(big) > len([d for d in src_dims if x.shape[d] != 1]):
+            return None      # splits a dim of x: the reduction is over the finer space already
+        hit = [d for d in big if d in reduced]
+        if hit and len(hit) != len(big):
+            return None      # a run that mixes reduced and kept dims: not one reduction of x
+        if hit:
+            new_dims.extend(src_dims)
+    if not new_dims:
+        return None
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("dims", "keepdim")}
+    try:
+        total = emitter_for(node).op(node.op, x, dims=tuple(new_dims), keepdim=False, **attrs)
+    except FusegraphError:
+        return None
+    return rebuild(node, "reshape", [total], shape=tuple(node.shape))
+
+
 VIEWS = ("permute", "transpose")
 RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     # additive / multiplicative identities (x+0 ignores the sign of zero, see above)
@@ -291,6 +352,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(VIEWS, V("x")), _permute_identity),
     (P("reshape", P("reshape", V("x"), name="inner")), _reshape_chain),
     (P(("reshape", "expand"), V("x")), _same_shape),
+    (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
     (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
 ]
