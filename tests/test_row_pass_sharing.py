@@ -60,6 +60,19 @@ def test_sum_over_a_merging_reshape_reduces_its_input(shape, view, dims, moved):
         assert _reduction_inputs(simplify(ir)) == [(view, dims)]
 
 
+def test_sum_of_a_cast_reshape_reduces_the_cast_input():
+    """autocast's bias gradient: sum(cast(reshape(g_bf16, [B*T, C]), fp32), 0) -> sum over (0, 1) of cast(g)."""
+    g = fg.Graph("sum_cast_reshape")
+    x = g.tensor((4, 8, 16), dtype="bfloat16", name="x")
+    g.sum(g.cast(g.reshape(x, (32, 16)), "float32"), 0).set_output()
+    ir = g.to_ir()
+    out = simplify(ir)
+    assert _reduction_inputs(out) == [((4, 8, 16), (0, 1))]
+    assert out.outputs[0].dtype == "float32"
+    feeds = [rand(4, 8, 16, dtype=torch.bfloat16)]
+    assert_close(fg.reference(out)(*feeds), fg.reference(ir)(*feeds), tol=1e-6)
+
+
 def _layernorm_backward_with_bias_grad(tokens: tuple[int, int], c: int) -> fg.Graph:
     """Layernorm backward (dx, dw, db) whose dx, plus the incoming residual gradient, is also the
     input of a linear layer's bias gradient: sum over the flattened [tokens, c] view."""

@@ -25,7 +25,8 @@ What counts as "exact" here (each rule says which it relies on):
   result reshaped. The same elements are combined (a sum may add them in another order). The
   reduction then has its producer's (finer) iteration space, so a linear layer's bias gradient
   can share the pass of the kernel that computes its input (fusion/partition.py pairs rows with
-  columns). A reshape that splits dims is left alone: the finer space is already the reduction's.
+  columns). A cast between the two moves along (sum(cast(reshape(g))) -> sum(cast(g))). A reshape
+  that splits dims is left alone: the finer space is already the reduction's.
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -304,7 +305,9 @@ def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[lis
     return groups
 
 
-def _reduce_through_reshape(node: Node, inner: Node, x: Node) -> Node | None:
+def _reduce_through_reshape(node: Node, inner: Node, x: Node, mid: Node | None = None) -> Node | None:
+    """`node` reduces reshape `inner` of x (through the cast `mid`, as autocast's bias gradients
+    do: sum(cast(reshape(g)))); the same reduction of x (cast first), reshaped to node's shape."""
     dims = node.attrs.get("dims")
     if dims is None or inner.shape == x.shape or not settings.share_row_pass:
         return None
@@ -326,6 +329,8 @@ def _reduce_through_reshape(node: Node, inner: Node, x: Node) -> Node | None:
         return None
     attrs = {k: v for k, v in node.attrs.items() if k not in ("dims", "keepdim")}
     try:
+        if mid is not None:
+            x = emitter_for(mid).op(mid.op, x, **dict(mid.attrs))
         total = emitter_for(node).op(node.op, x, dims=tuple(new_dims), keepdim=False, **attrs)
     except FusegraphError:
         return None
@@ -353,6 +358,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P("reshape", P("reshape", V("x"), name="inner")), _reshape_chain),
     (P(("reshape", "expand"), V("x")), _same_shape),
     (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
+    (P(("sum", "max", "min"), P("cast", P("reshape", V("x"), name="inner"), name="mid")), _reduce_through_reshape),
     (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
 ]
