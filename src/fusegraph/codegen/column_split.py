@@ -74,7 +74,7 @@ class ColumnSplitWriter(_ReductionWriter):
         source = self.module([*partial, "", "", "", *finish])
         return GeneratedKernel(self.name, source, "reduction", self.inputs, self.outputs, extent=rows,
                                reduced_extent=cols, column=True, finish_name=f"{self.name}_finish",
-                               workspaces=len(reduces))
+                               workspaces=len(reduces), meta={"full_stores": bool(full_stores)})
 
 
     def finish_lines(self, name: str, signature: str, domain: Domain, entries: list[Entry], stores: list[Entry],

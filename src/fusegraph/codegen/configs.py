@@ -40,6 +40,12 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     rows, cols = gen.extent, gen.reduced_extent
     if gen.meta.get("row_column"):
         return _row_column_configs(gen.meta["rows"], gen.meta["cols"], gen.extent)
+    if gen.finish_name and gen.meta.get("full_stores"):
+        # it also stores every element it reads (an activation's gradient beside its column sums):
+        # a pointwise kernel's worth of traffic, so as many programs as one, each a few tiles deep
+        # (a program's loop issues its next loads only after this tile's store)
+        return [_split_config(rows, cols, kept, red, warps, steps=steps)
+                for kept, red, warps, steps in ((64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 8))]
     if gen.finish_name:
         return [_split_config(rows, cols, kept, red, warps)
                 for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
@@ -72,6 +78,7 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
 
 
 TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
+MAX_SPLITS = 256        # partials per column of a split reduction (the finish kernel reads them in one tile)
 
 
 def pointwise_heuristic(extent: int) -> dict[str, Any]:
@@ -87,10 +94,15 @@ def pointwise_heuristic(extent: int) -> dict[str, Any]:
     return {"BLOCK": block, "num_warps": 8 if block >= 2048 else 4}
 
 
-def _split_config(rows: int, cols: int, kept: int, red: int, warps: int) -> dict[str, Any]:
+def _split_config(rows: int, cols: int, kept: int, red: int, warps: int, steps: int = 0) -> dict[str, Any]:
+    """A split column reduction: kept x red tiles, CHUNK reduced elements (`steps` tiles when given,
+    else enough splits for TARGET_PROGRAMS programs) per program."""
     kept = min(next_pow2(rows), kept)
     blocks = _cdiv(rows, kept)
-    splits = max(1, min(_cdiv(TARGET_PROGRAMS, blocks), _cdiv(cols, red)))
+    if steps:
+        splits = max(1, min(_cdiv(cols, red * steps), MAX_SPLITS))
+    else:
+        splits = max(1, min(_cdiv(TARGET_PROGRAMS, blocks), _cdiv(cols, red)))
     chunk = _cdiv(_cdiv(cols, splits), red) * red
     splits = _cdiv(cols, chunk)
     return {"ROWS": kept, "BLOCK_C": red, "CHUNK": chunk, "SPLITS": splits, "SPLITS_P2": next_pow2(splits),
