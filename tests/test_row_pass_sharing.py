@@ -85,7 +85,8 @@ def _layernorm_backward_with_bias_grad(tokens: tuple[int, int], c: int) -> fg.Gr
     rstd = g.rsqrt(g.add(g.mean(g.mul(xc, xc), 2, keepdim=True), 1e-5))
     xhat = g.mul(xc, rstd)
     gw = g.mul(dy, w)
-    dx = g.mul(rstd, g.sub(g.sub(gw, g.mean(gw, 2, keepdim=True)), g.mul(xhat, g.mean(g.mul(gw, xhat), 2, keepdim=True))))
+    proj = g.mul(xhat, g.mean(g.mul(gw, xhat), 2, keepdim=True))
+    dx = g.mul(rstd, g.sub(g.sub(gw, g.mean(gw, 2, keepdim=True)), proj))
     dres = g.add(dx, res)
     dres.set_output()
     g.sum(g.mul(dy, xhat), (0, 1)).set_output()                  # dw

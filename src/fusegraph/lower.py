@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .codegen.compile import interpreting, load_triton_function
-from .codegen.configs import MAX_ROW_BLOCK, candidate_configs, launch_parameters
+from .codegen.configs import MAX_ROW_BLOCK, candidate_configs, heuristic_config_ok, launch_parameters
 from .codegen.triton_gen import generate
 from .fusion.partition import KernelGroup, RowColumnGroup, is_literal, partition_graph
 from .ir import dtypes
@@ -270,8 +270,9 @@ def _choose_config(fns: list[Any], gen: Any, candidates: list[dict[str, Any]], d
         return bench_ms(lambda: launcher(args))
 
     key = {"source": gen.source, "device": device}
+    # pointwise and reductions: a heuristic config when small (tune "fast"), unless the tile shape matters
     result = tune(gen.name, key, [Config(c) for c in candidates], bench, floor_ms=floor_ms_of(kernel),
-                  memory_bound=True)   # pointwise and reductions: a heuristic config when small (tune "fast")
+                  memory_bound=heuristic_config_ok(gen))
     kernel.tuning = summary(result, len(candidates))  # where the choice (and the build time) came from
     return dict(result.config.values)
 

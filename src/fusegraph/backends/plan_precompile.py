@@ -95,7 +95,7 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], 
     """Compile jobs for a fused group (each launch of each config: two for split reductions): its
     first config when it is not timed (launch-bound, or a heuristic config under tune "fast"), the
     cached choice, else every candidate; [] when `seen` already has its source (another layer's copy)."""
-    from ..codegen.configs import candidate_configs, launch_parameters
+    from ..codegen.configs import candidate_configs, heuristic_config_ok, launch_parameters
     from ..codegen.triton_gen import generate
     from ..lower import _example_inputs, _summary, group_cost
     from ..runtime.kernel import Kernel
@@ -110,7 +110,8 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], 
     shape = Kernel(name=name, kind=group.kind, backend="triton", nodes=tuple(group.nodes),
                    inputs=tuple(group.inputs), outputs=tuple(e.node for e in group.stores), cost=group_cost(group),
                    launch=lambda args: [])
-    if len(candidates) > 1 and (not settings.autotune or untimed_reason(floor_ms_of(shape), memory_bound=True)):
+    if len(candidates) > 1 and (not settings.autotune or untimed_reason(floor_ms_of(shape),
+                                                                       memory_bound=heuristic_config_ok(gen))):
         candidates = candidates[:1]
     elif len(candidates) > 1:
         known = cached_choice(gen.name, {"source": gen.source, "device": device}, [Config(c) for c in candidates])

@@ -576,10 +576,11 @@ def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int]
         merged: KernelGroup | None = None
         members: list[KernelGroup] = []
         for col in cols if settings.share_row_pass else cols[:1]:
-            trial = _columns_as_one([*members, col], boundary)
-            if trial is None or _cyclic(_pair_of(row, trial, out, members + [col], external), ancestors, bits):
+            more = [*members, col]
+            trial = _columns_as_one(more, boundary)
+            if trial is None or _cyclic(_pair_of(row, trial, out, more, external), ancestors, bits):
                 continue
-            merged, members = trial, [*members, col]
+            merged, members = trial, more
         if merged is None:
             continue
         pair = _pair_of(row, merged, out, members, external)
