@@ -81,8 +81,10 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
 
 def heuristic_config_ok(gen: GeneratedKernel) -> bool:
     """May tune "fast" give this kernel its first config untimed when its floor is small? Not a split
-    column reduction that also stores its elements: its tile shape decides its speed (see above)."""
-    return not (gen.finish_name and gen.meta.get("full_stores"))
+    column reduction that also stores its elements, nor a row + column pass: their tile shapes decide
+    their speed (a row kernel carrying column partials holds more per program than the heuristic
+    row kernel it was sized for)."""
+    return not ((gen.finish_name and gen.meta.get("full_stores")) or gen.meta.get("row_column"))
 
 
 TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
