@@ -68,8 +68,8 @@ def plan_kernels(fn: Any) -> str:
 
 
 def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
-    """Per plan kernel of the given kinds (and each split column reduction): backend, chosen config,
-    how it was tuned, notes."""
+    """Per plan kernel of the given kinds (and each split column reduction or row-tiled pointwise
+    kernel): backend, chosen config, how it was tuned, notes."""
     report = getattr(fn, "fusegraph_report", None)
     if report is None:
         return ""
@@ -78,10 +78,10 @@ def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
         for part in graph.partitions:
             plan = part.plan
             for k in (plan.kernels if plan is not None else []):
-                if k.kind in kinds or "SPLITS" in (k.config or {}):
+                if k.kind in kinds or "SPLITS" in (k.config or {}) or "ROW_TILED" in (k.config or {}):
                     config = {a: v for a, v in (k.config or {}).items() if a in ("VARIANT", "BLOCK_M", "BLOCK_N",
                               "BLOCK_K", "SPLIT_K", "candidate", "backend", "USE_TMA", "ROWS", "BLOCK_C",
-                              "CHUNK", "SPLITS", "num_warps")}
+                              "CHUNK", "SPLITS", "num_warps", "BLOCK", "ROW_TILED")}
                     attrs = {a: v for a, v in k.nodes[0].attrs.items() if a in ("causal", "has_lse", "return_lse")} \
                         if k.kind == "attention" else ""
                     masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else \

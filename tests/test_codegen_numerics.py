@@ -251,14 +251,17 @@ def test_pow_by_small_integer_literal_is_a_product_with_pow_special_values(dtype
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=_dt)
 @pytest.mark.parametrize("cols,block,row_tiled", [(2100, None, True), (2100, 1024, True), (4096, 2048, True),
-                                                  (2100, 1024, False)])
+                                                  (2100, 1024, False), (4133, 1024, 2), (4133, 4096, 2),
+                                                  (4096, 2048, 2)])
 def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype, cols: int, block: int | None,
                                                                row_tiled: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows of >= 2048 columns with a per-row operand (a log-sum-exp) and a scalar (a loss scale), as in
     a cross-entropy backward: the kernel holds a row-tiled body (per-row and scalar values load once per
     program; one or several blocks per row with a ragged last one) and the flat one, chosen by the
-    ROW_TILED knob the tuner times; either matches the reference."""
+    ROW_TILED knob the tuner times; either matches the reference. Rows of >= 4096 also get the
+    segmented body (ROW_TILED 2: flat blocks, each holding the end of at most one row, the per-row
+    operand read for its two rows), e.g. an odd 4133-wide row whose blocks straddle row ends."""
     import fusegraph.lower as lower
     from fusegraph.codegen import configs
 
@@ -283,12 +286,41 @@ def test_row_tiled_pointwise_with_per_row_and_scalar_operands(dtype: torch.dtype
     assert_close(plan(xs, rs, ss), fg.reference(g)(xs, rs, ss), what="row-tiled")
     ((gen, offered),) = seen
     assert gen.meta["row_tiled"] == (6, cols) and offered[0] == {"BLOCK": 4096, "num_warps": 8, "ROW_TILED": True}
-    assert {c["ROW_TILED"] for c in offered} == {True, False}           # both bodies are tuning candidates
+    # every body is a tuning candidate; the segmented one only for rows of >= 4096
+    assert {c["ROW_TILED"] for c in offered} == ({True, False, 2} if cols >= 4096 else {True, False})
+    assert ("if ROW_TILED == 2:" in kernel.source) is (cols >= 4096)
     for config in [*offered, {"BLOCK": 1024, "num_warps": 4, "ROW_TILED": True}]:
         (grid,), consts, _ = configs.launch_parameters(gen, config)
         per_row = -(-cols // config["BLOCK"])
         assert consts["ROW_TILED"] == config["ROW_TILED"]
-        assert grid == ((6 * per_row,) if config["ROW_TILED"] else (-(-6 * cols // config["BLOCK"]),))
+        flat = config["ROW_TILED"] is False or config["ROW_TILED"] == 2
+        assert grid == ((-(-6 * cols // config["BLOCK"]),) if flat else (6 * per_row,))
+
+
+@pytest.mark.parametrize("config", [{"BLOCK": 4096, "num_warps": 8, "ROW_TILED": 2},
+                                    {"BLOCK": 1024, "num_warps": 4, "ROW_TILED": 2},
+                                    {"BLOCK": 2048, "num_warps": 4, "ROW_TILED": True}])
+def test_segmented_cross_entropy_backward(config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cross-entropy backward over odd-width rows (softmax minus the one-hot target, scaled): the
+    per-row log-sum-exp and int64 target of a block's two rows, and the column index (iota) for the
+    one-hot, in the segmented body; the row-tiled body for comparison. Both match the reference."""
+    import fusegraph.lower as lower
+
+    monkeypatch.setattr(lower, "candidate_configs", lambda gen, options=None: [config])
+    rows, vocab = 7, 4133
+    g = fg.Graph(name="ce_backward")
+    x, lse = g.tensor((rows, vocab), "float16", "x"), g.tensor((rows, 1), "float32", "lse")
+    target, scale = g.tensor((rows, 1), "int64", "target"), g.tensor((), "float32", "scale")
+    onehot = g.cast(g.eq(g.iota((rows, vocab), 1, "int64"), target), "float32")
+    g.cast(g.mul(g.sub(g.exp(g.sub(g.cast(x, "float32"), lse)), onehot), scale), "float16").set_output()
+    plan = g.build()
+    (kernel,) = plan.kernels
+    assert "second = offs >=" in kernel.source and kernel.config["ROW_TILED"] == config["ROW_TILED"]
+    xs = rand(rows, vocab, dtype=torch.float16)
+    ls = torch.logsumexp(xs.float(), dim=1, keepdim=True)
+    ts = torch.randint(0, vocab, (rows, 1))
+    ss = torch.tensor(0.37)
+    assert_close(plan(xs, ls, ts, ss), fg.reference(g)(xs, ls, ts, ss), what=f"ROW_TILED={config['ROW_TILED']}")
 
 
 def test_flat_pointwise_stays_flat_for_narrow_rows_and_plain_layouts() -> None:

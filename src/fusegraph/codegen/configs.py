@@ -29,12 +29,15 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
             cfg = {"BLOCK": min(block, cap), "num_warps": warps if block <= cap else 4}
             if cfg not in out:
                 out.append(cfg)
-        if gen.meta.get("row_tiled"):   # both bodies (triton_gen._write_both): row-tiled first, then flat
+        if gen.meta.get("row_tiled"):   # the bodies (triton_gen._write_both): row-tiled first, segmented, flat
             cols = gen.meta["row_tiled"][1]
             tiled: list[dict[str, Any]] = [{"BLOCK": b, "num_warps": w, "ROW_TILED": True}
                                            for b, w in ((4096, 8), (2048, 8), (2048, 4), (1024, 4))
                                            if b <= next_pow2(cols)]
-            return tiled + [dict(cfg, ROW_TILED=False) for cfg in out]
+            segmented: list[dict[str, Any]] = [{"BLOCK": b, "num_warps": w, "ROW_TILED": 2}
+                                               for b, w in ((4096, 8), (2048, 8), (1024, 4))
+                                               if gen.meta.get("segmented") and b <= cols]
+            return tiled + segmented + [dict(cfg, ROW_TILED=False) for cfg in out]
         return out
     max_block = int(options.get("max_row_block", MAX_ROW_BLOCK))
     rows, cols = gen.extent, gen.reduced_extent
@@ -165,6 +168,8 @@ def launch_parameters(gen: GeneratedKernel,
         block = int(config["BLOCK"])
         if gen.meta.get("row_tiled"):
             rows, cols = gen.meta["row_tiled"]
+            if config.get("ROW_TILED") == 2:   # segmented: flat blocks
+                return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block, "ROW_TILED": 2}, warps
             if bool(config.get("ROW_TILED", True)):
                 return [(rows * _cdiv(cols, block),)], {"BLOCK": block, "ROW_TILED": True}, warps
             return [(max(1, _cdiv(gen.extent, block)),)], {"BLOCK": block, "ROW_TILED": False}, warps

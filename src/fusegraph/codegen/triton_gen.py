@@ -232,6 +232,7 @@ def _index_vars(shape: tuple[int, ...], dims: tuple[int, ...], linear: str,
 
 
 ROW_TILE_MIN_COLS = 2048   # row-tiled pointwise kernels: rows at least this wide (the tail block's waste)
+SEGMENT_MIN_COLS = 4096    # segmented pointwise bodies: rows at least the widest BLOCK
 
 
 class _PointwiseWriter(_Writer):
@@ -245,22 +246,100 @@ class _PointwiseWriter(_Writer):
                                self.outputs, extent=math.prod(self.domain.shape))
 
     def _write_both(self, order: tuple[int, ...]) -> GeneratedKernel:
-        """A kernel with both bodies, chosen by the constexpr ROW_TILED (a tuning knob: the autotuner
-        times both; which wins depends on the operands' alignment and the row width): the row-tiled
-        one, then the flat one."""
+        """A kernel with two or three bodies, chosen by the constexpr ROW_TILED (a tuning knob: the
+        autotuner times them; which wins depends on the operands' alignment and the row width): the
+        row-tiled one (ROW_TILED true), the segmented one (2, see _write_segmented) where it applies,
+        and the flat one (false)."""
         self._write_row_tiled(order)
         row_lines, self.lines, self.expr = self.lines, [], {}
+        segmented = self._segmentable(order)
+        seg_lines: list[str] = []
+        if segmented:
+            self._write_segmented(order)
+            seg_lines, self.lines, self.expr = self.lines, [], {}
         self._write_flat(order)
         flat_lines = self.lines
         shape = self.domain.shape
         numel, cols_n = math.prod(shape), shape[order[-1]]
         head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK', 'ROW_TILED'])}):",
                 f"    # ROW_TILED: program p covers BLOCK columns of row p // cdiv({cols_n}, BLOCK); "
-                "else BLOCK elements of the flat domain",
-                "    if ROW_TILED:"]
-        body = ["    " + line for line in row_lines] + ["    else:"] + ["    " + line for line in flat_lines]
+                "else BLOCK elements of the flat domain"
+                + (" (2: per-row values of its <= 2 rows)" if segmented else "")]
+        body = []
+        if segmented:
+            body += ["    if ROW_TILED == 2:"] + ["    " + line for line in seg_lines]
+        body += [f"    {'elif' if segmented else 'if'} ROW_TILED:"] + ["    " + line for line in row_lines]
+        body += ["    else:"] + ["    " + line for line in flat_lines]
+        meta: dict[str, Any] = {"row_tiled": (numel // cols_n, cols_n)}
+        if segmented:
+            meta["segmented"] = True
         return GeneratedKernel(self.name, self.module(head + body), "pointwise", self.inputs, self.outputs,
-                               extent=numel, meta={"row_tiled": (numel // cols_n, cols_n)})
+                               extent=numel, meta=meta)
+
+    def _segmentable(self, order: tuple[int, ...]) -> bool:
+        """The segmented body applies: rows at least SEGMENT_MIN_COLS wide (a block of up to that many
+        elements crosses at most one row end), dense stores, and operands read once per row."""
+        shape = self.domain.shape
+        inner = order[-1]
+        contiguous = strides_for_order(shape, order)
+        return (shape[inner] >= SEGMENT_MIN_COLS and all(self._linear(e, contiguous) for e in self.group.stores)
+                and any(self._per_row(e, inner) for e in self.group.entries))
+
+    def _per_row(self, e: Entry, inner: int) -> bool:
+        return e.kind == "load" and not self._scalar(e) and not any(domain_dim(d) == inner for d in e.emb)
+
+    def _write_segmented(self, order: tuple[int, ...]) -> None:
+        """Flat blocks of BLOCK <= C elements (C the innermost dim), so dense loads and stores stay
+        aligned 16-byte vectors even when C is odd (a 50257-wide vocab), and a block holds the end of
+        at most one row: each per-row operand loads as two scalars (this block's first row and the
+        next) and is selected per element, instead of a gather per element, and no element pays a
+        division for its row. Emits the body only (see _write_both)."""
+        shape = self.domain.shape
+        inner = order[-1]
+        cols_n = shape[inner]
+        numel = math.prod(shape)
+        rows_n = numel // cols_n
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        self.emit(f"start = {pid} * BLOCK")
+        self.emit("offs = start + tl.arange(0, BLOCK)")
+        self.emit(f"mask = offs < {numel}")
+        self.emit(f"row0 = start // {cols_n}")
+        self.emit(f"row1 = tl.minimum(row0 + 1, {rows_n - 1})")
+        self.emit(f"second = offs >= (row0 + 1) * {cols_n}")   # the elements of the next row
+        self.emit("row = tl.where(second, row1, row0)")
+        self.emit(f"cols = offs - row * {cols_n}")
+        self.zero_index = "offs * 0"
+        contiguous = strides_for_order(shape, order)
+        per_row = [e for e in self.group.entries if self._per_row(e, inner)]
+        index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
+        dimvar[inner] = "cols"
+        if any(e.kind == "gen" or (e.kind == "load" and not self._per_row(e, inner) and not self._scalar(e)
+                                   and not self._linear(e, contiguous)) for e in self.group.entries):
+            for line in index_lines:   # a generator or a strided operand needs the row's own indices
+                self.emit(line)
+        ends = []
+        for name in ("row0", "row1"):
+            lines, dims = _index_vars(shape, order[:-1], name, f"{name}_i")
+            for line in lines:
+                self.emit(line)
+            dims[inner] = "0"   # unused: per-row operands do not walk the row
+            ends.append(dims)
+        for e in self.group.entries:
+            if e.kind == "load" and self._scalar(e):
+                self._plain_load(e, "")
+            elif e in per_row:
+                ptr = self.ptr[e.node.id]
+                up = ".to(tl.float32)" if dtypes.is_float(e.node.dtype) else ""
+                first, second = (f"tl.load({ptr} + {self.offset(e.node, e.emb, d)}){up}" for d in ends)
+                self.emit(f"{e.key} = tl.where(second, {second}, {first})")
+                self.expr[e.key] = e.key
+            elif e.kind == "load" and self._linear(e, contiguous):
+                self._plain_load(e, " + offs, mask=mask, other=0")
+            else:
+                self.value(e, "mask", dimvar, 1)
+        for e in self.group.stores:
+            out = self.out_ptr[e.key]
+            self.emit(f"tl.store({out} + offs, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
 
     def _write_flat(self, order: tuple[int, ...]) -> None:
         shape = self.domain.shape
