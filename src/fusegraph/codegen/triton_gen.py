@@ -333,13 +333,24 @@ class _PointwiseWriter(_Writer):
                 first, second = (f"tl.load({ptr} + {self.offset(e.node, e.emb, d)}){up}" for d in ends)
                 self.emit(f"{e.key} = tl.where(second, {second}, {first})")
                 self.expr[e.key] = e.key
-            elif e.kind == "load" and self._linear(e, contiguous):
-                self._plain_load(e, " + offs, mask=mask, other=0")
             else:
-                self.value(e, "mask", dimvar, 1)
+                self._dense_load_or_value(e, contiguous, dimvar)
+        self._store_rows(contiguous, dimvar)
+
+    def _dense_load_or_value(self, e: Entry, contiguous: tuple[int, ...], dimvar: dict[int, str]) -> None:
+        """A dense operand loads at the flat index `offs`; anything else is computed per element."""
+        if e.kind == "load" and self._linear(e, contiguous):
+            self._plain_load(e, " + offs, mask=mask, other=0")
+        else:
+            self.value(e, "mask", dimvar, 1)
+
+    def _store_rows(self, contiguous: tuple[int, ...], dimvar: dict[int, str]) -> None:
+        """The stores of a row-wise body: dense ones at `offs`, padded rows at their own offsets (a
+        per-row value broadcasts to the row's columns)."""
         for e in self.group.stores:
             out = self.out_ptr[e.key]
-            self.emit(f"tl.store({out} + offs, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
+            off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
+            self.emit(f"tl.store({out} + {off}, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
 
     def _write_flat(self, order: tuple[int, ...]) -> None:
         shape = self.domain.shape
@@ -433,18 +444,12 @@ class _PointwiseWriter(_Writer):
             self.emit(line)
         contiguous = strides_for_order(shape, order)
         for e in self.group.entries:
-            if e.kind == "load" and (self._scalar(e) or not any(domain_dim(d) == inner for d in e.emb)):
+            if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
                 # one value per row (or per kernel): a scalar load, in range for every program
                 self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
-            elif e.kind == "load" and self._linear(e, contiguous):
-                self._plain_load(e, " + offs, mask=mask, other=0")
             else:
-                self.value(e, "mask", dimvar, 1)
-        for e in self.group.stores:
-            out = self.out_ptr[e.key]
-            off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
-            value = self.expr[e.key]   # a per-row value broadcasts to the row's columns
-            self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)")
+                self._dense_load_or_value(e, contiguous, dimvar)
+        self._store_rows(contiguous, dimvar)
 
     def _plain_load(self, e: Entry, rest: str) -> None:
         """`e = tl.load(ptr{rest})`, upcast to fp32 for floats."""
