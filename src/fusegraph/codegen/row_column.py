@@ -100,8 +100,10 @@ class RowColumnWriter(ColumnSplitWriter):
             if e.key in self.out_ptr:   # stores only the col kernel read stay in registers
                 self.store(e, "mask" if e.full else "rmask", dimvar, 2)
         for e in col_values:
-            if e.kind == "load" and (e.node.id, e.emb) in computed:
-                self.expr[e.key] = self.expr[computed[(e.node.id, e.emb)]]   # in registers already
+            if e.kind != "reduce" and (e.node.id, e.emb) in computed:
+                # in registers already: a row result the column reads, or a value both compute
+                # (layernorm backward's x-hat, for dx and for dw)
+                self.expr[e.key] = self.expr[computed[(e.node.id, e.emb)]]
             elif e.kind != "load":
                 self.value(e, col_mask, dimvar, 2)
         for e in reduces:
