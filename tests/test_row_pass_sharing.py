@@ -117,6 +117,19 @@ def test_layernorm_backward_with_bias_grad_numerics(share):
             assert_close(got, ref, tol=1e-4)
 
 
+def test_rows_too_wide_for_one_pass_fall_back_to_two_kernels():
+    """A pair whose rows do not fit in registers (max_row_block below the row) runs as the row kernel
+    and the merged column kernel (dw, db and the bias gradient in one), with the same results."""
+    g = _layernorm_backward_with_bias_grad((4, 40), 64)
+    plan = g.build(max_row_block=32)
+    compute = [k for k in plan.kernels if k.kind != "view"]
+    assert len(compute) == 2, [k.name for k in compute]
+    assert any(k.name.endswith("_cols") for k in compute), [k.name for k in compute]
+    feeds = [rand(*n.shape) for n in g.to_ir().inputs]
+    for got, ref in zip(plan(*feeds), fg.reference(g)(*feeds), strict=True):
+        assert_close(got, ref, tol=1e-4)
+
+
 def test_pointwise_result_stored_by_a_split_column_reduction():
     """gelu's gradient and its column sums (the bias gradient) over 1024 rows: one split column
     kernel whose partial pass also stores the gradient; numerics against the reference."""
