@@ -323,6 +323,54 @@ def test_segmented_cross_entropy_backward(config: dict[str, Any], monkeypatch: p
     assert_close(plan(xs, ls, ts, ss), fg.reference(g)(xs, ls, ts, ss), what=f"ROW_TILED={config['ROW_TILED']}")
 
 
+def test_segmented_body_stores_into_padded_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cross-entropy-backward-like gradient read by a GEMM: pad_align gives it padded rows (4133 ->
+    4160 fp16 elements: 128-byte rows), so its kernel stores row by row; the segmented body is still
+    offered (dense loads, per-row operands as two scalars, stores at row * 4160 + col) and matches
+    the reference."""
+    import fusegraph.lower as lower
+    from fusegraph.codegen import configs
+
+    seen: list[tuple[Any, list[dict[str, Any]]]] = []
+
+    def candidates(gen: Any, options: Any = None) -> list[dict[str, Any]]:
+        out = configs.candidate_configs(gen, options)
+        if gen.meta.get("row_tiled"):
+            seen.append((gen, out))
+            return [{"BLOCK": 1024, "num_warps": 4, "ROW_TILED": 2}]
+        return out
+
+    monkeypatch.setattr(lower, "candidate_configs", candidates)
+    rows, vocab = 6, 4133
+    g = fg.Graph(name="ce_backward_gemm")
+    x, lse = g.tensor((rows, vocab), "float16", "x"), g.tensor((rows, 1), "float32", "lse")
+    w = g.tensor((vocab, 16), "float16", "w")
+    grad = g.cast(g.mul(g.exp(g.sub(g.cast(x, "float32"), lse)), 0.5), "float16")
+    g.matmul(grad, w).set_output()
+    plan = g.build()
+    ((gen, offered),) = seen
+    assert gen.meta.get("segmented") and {c["ROW_TILED"] for c in offered} == {True, 2, False}
+    (pointwise,) = [k for k in plan.kernels if k.kind == "pointwise"]
+    assert pointwise.outputs[0].spec.memory_strides[0] == 4160, pointwise.outputs[0].spec.memory_strides
+    assert "second = offs >=" in pointwise.source and "* 4160 + cols" in pointwise.source, pointwise.source
+    xs, ls, ws = rand(rows, vocab, dtype=torch.float16), rand(rows, 1), rand(vocab, 16, dtype=torch.float16)
+    assert_close(plan(xs, ls, ws), fg.reference(g)(xs, ls, ws), what="segmented, padded rows")
+
+
+def test_batch_one_operand_loads_at_the_flat_index() -> None:
+    """A [1, T, C] tensor read in a [T, C] domain (batch-1 logits squeezed by a reshape) has the
+    domain's memory order: it loads at `offs` (16-byte vectors), not at a per-element row/column
+    offset, and its result matches the reference."""
+    g = fg.Graph(name="batch_one")
+    x, r = g.tensor((1, 8, 4100), "float16", "x"), g.tensor((8, 1), "float32", "r")
+    g.exp(g.sub(g.cast(g.reshape(x, (8, 4100)), "float32"), r)).set_output()
+    plan = g.build()
+    (kernel,) = plan.kernels
+    assert "tl.load(in0 + offs" in kernel.source, kernel.source
+    xs, rs = rand(1, 8, 4100, dtype=torch.float16), rand(8, 1)
+    assert_close(plan(xs, rs), fg.reference(g)(xs, rs), what="batch-1 operand")
+
+
 def test_flat_pointwise_stays_flat_for_narrow_rows_and_plain_layouts() -> None:
     g = fg.Graph(name="flat")
     x, r = g.tensor((6, 768), "float32", "x"), g.tensor((6, 1), "float32", "r")

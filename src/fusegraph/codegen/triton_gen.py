@@ -278,11 +278,13 @@ class _PointwiseWriter(_Writer):
 
     def _segmentable(self, order: tuple[int, ...]) -> bool:
         """The segmented body applies: rows at least SEGMENT_MIN_COLS wide (a block of up to that many
-        elements crosses at most one row end), dense stores, and operands read once per row."""
+        elements crosses at most one row end), every store dense or walking its row contiguously (a
+        padded row layout), and operands read once per row."""
         shape = self.domain.shape
         inner = order[-1]
         contiguous = strides_for_order(shape, order)
-        return (shape[inner] >= SEGMENT_MIN_COLS and all(self._linear(e, contiguous) for e in self.group.stores)
+        return (shape[inner] >= SEGMENT_MIN_COLS
+                and all(self._linear(e, contiguous) or self._inner_contiguous(e, inner) for e in self.group.stores)
                 and any(self._per_row(e, inner) for e in self.group.entries))
 
     def _per_row(self, e: Entry, inner: int) -> bool:
@@ -293,7 +295,8 @@ class _PointwiseWriter(_Writer):
         aligned 16-byte vectors even when C is odd (a 50257-wide vocab), and a block holds the end of
         at most one row: each per-row operand loads as two scalars (this block's first row and the
         next) and is selected per element, instead of a gather per element, and no element pays a
-        division for its row. Emits the body only (see _write_both)."""
+        division for its row. A store into padded rows (a logits gradient padded for the GEMM after
+        it) goes to row * stride + col, element by element. Emits the body only (see _write_both)."""
         shape = self.domain.shape
         inner = order[-1]
         cols_n = shape[inner]
@@ -314,8 +317,9 @@ class _PointwiseWriter(_Writer):
         index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
         dimvar[inner] = "cols"
         if any(e.kind == "gen" or (e.kind == "load" and not self._per_row(e, inner) and not self._scalar(e)
-                                   and not self._linear(e, contiguous)) for e in self.group.entries):
-            for line in index_lines:   # a generator or a strided operand needs the row's own indices
+                                   and not self._linear(e, contiguous)) for e in self.group.entries) \
+                or not all(self._linear(e, contiguous) for e in self.group.stores):
+            for line in index_lines:   # a generator, a strided operand or a padded store needs the row's indices
                 self.emit(line)
         ends = []
         for name in ("row0", "row1"):
@@ -465,10 +469,25 @@ class _PointwiseWriter(_Writer):
         return all(d is None or e.node.shape[k] == 1 for k, d in enumerate(e.emb))
 
     def _linear(self, e: Entry, contiguous: tuple[int, ...]) -> bool:
-        """Offset equals the flat index: same shape as the domain, dense in the iteration order."""
+        """Offset equals the flat index: the tensor has the domain's elements, each of its dims of
+        size > 1 is one domain dim of that size with the stride the iteration order gives it. Size-1
+        dims do not count: a batch-1 [1, T, V] tensor in a [T, V] domain is read at `offs` too (as
+        16-byte vectors, where a row / column index per element would defeat them)."""
         shape = self.domain.shape
-        return (e.node.shape == shape and e.emb == tuple(range(len(shape)))
-                and (e.node.spec.memory_strides == contiguous or math.prod(shape) <= 1))
+        if math.prod(e.node.shape) != math.prod(shape):
+            return False
+        if math.prod(shape) <= 1:
+            return True
+        strides = e.node.spec.memory_strides
+        seen: set[int] = set()
+        for k, size in enumerate(e.node.shape):
+            if size == 1:
+                continue
+            d = e.emb[k]
+            if type(d) is not int or d in seen or shape[d] != size or strides[k] != contiguous[d]:
+                return False
+            seen.add(d)
+        return True
 
 
 class _ReductionWriter(_Writer):
