@@ -313,7 +313,6 @@ class _PointwiseWriter(_Writer):
         self.emit(f"cols = offs - row * {cols_n}")
         self.zero_index = "offs * 0"
         contiguous = strides_for_order(shape, order)
-        per_row = [e for e in self.group.entries if self._per_row(e, inner)]
         index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
         dimvar[inner] = "cols"
         if any(e.kind == "gen" or (e.kind == "load" and not self._per_row(e, inner) and not self._scalar(e)
@@ -331,11 +330,11 @@ class _PointwiseWriter(_Writer):
         for e in self.group.entries:
             if e.kind == "load" and self._scalar(e):
                 self._plain_load(e, "")
-            elif e in per_row:
+            elif self._per_row(e, inner):
                 ptr = self.ptr[e.node.id]
                 up = ".to(tl.float32)" if dtypes.is_float(e.node.dtype) else ""
-                first, second = (f"tl.load({ptr} + {self.offset(e.node, e.emb, d)}){up}" for d in ends)
-                self.emit(f"{e.key} = tl.where(second, {second}, {first})")
+                of_row0, of_row1 = (f"tl.load({ptr} + {self.offset(e.node, e.emb, d)}){up}" for d in ends)
+                self.emit(f"{e.key} = tl.where(second, {of_row1}, {of_row0})")
                 self.expr[e.key] = e.key
             else:
                 self._dense_load_or_value(e, contiguous, dimvar)
