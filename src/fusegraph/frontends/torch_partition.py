@@ -25,9 +25,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..api import Graph, Tensor
-from ..fusion.views import _same_strides, dense_in_order
 from ..ir import dtypes
-from ..ir.spec import contiguous_strides
+from ..ir.spec import contiguous_strides, dense_in_order, same_strides
 from ..settings import settings
 from .input_mutation import (
     INPLACE_IR_OPS,
@@ -382,11 +381,11 @@ class CompiledPartition(torch.nn.Module):
             if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
                 for k, (name, traced) in gapped_at.items():
                     spec = self.plan.graph.outputs[k].spec
-                    if _same_strides(tuple(spec.shape), tuple(spec.memory_strides), traced):
+                    if same_strides(tuple(spec.shape), tuple(spec.memory_strides), traced):
                         self._record_saved[name] = traced
                 for k, (name, at) in padded_at.items():   # returned padded: not restrided to the traced layout
                     spec = self.plan.graph.outputs[k].spec
-                    if not _same_strides(tuple(spec.shape), tuple(spec.memory_strides),
+                    if not same_strides(tuple(spec.shape), tuple(spec.memory_strides),
                                          tuple(self._out_vals[at].stride())):
                         self._record_saved[name] = tuple(spec.memory_strides)
                         self._out_vals[at] = None

@@ -50,7 +50,7 @@ from typing import Any
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import MATMUL, POINTWISE, REDUCTION, VIEW, get_op
-from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, strides_for_order
+from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, same_strides, strides_for_order
 from ..passes.base import Pass
 from ..settings import settings
 from .partition import _reduced_dims, fusable, is_literal, is_unit_reduction
@@ -291,7 +291,7 @@ def attention_out_layouts(graph: Graph, wanted: dict[int, tuple[int, ...]]) -> d
             if len(picks) != 1:
                 continue
             value = picks[0]
-        if value.id in wanted and not _same_strides(value.shape, wanted[value.id], bthd):
+        if value.id in wanted and not same_strides(value.shape, wanted[value.id], bthd):
             continue
         readers = users.get(value.id, [])
         perm = [get_op(u.op).extra["view_params"](u.inputs[0].spec, u.attrs)["perm"]
@@ -407,7 +407,7 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
             base_ok = alias(src) or base_ok
         folded = _fold(node, strides.get(src.id, src.spec.memory_strides)) if base_ok else None
         readers = users.get(node.id, [])
-        if folded is None or (node.id in wanted and not _same_strides(node.shape, folded[0], wanted[node.id])) or \
+        if folded is None or (node.id in wanted and not same_strides(node.shape, folded[0], wanted[node.id])) or \
                 (any(s == 0 for s, size in zip(folded[0], node.shape, strict=True) if size > 1) and
                  any(get_op(u.op).has(MATMUL) for u in readers)):
             # not a view of its input's layout; an output asked for in another layout (a copy); a
@@ -434,10 +434,6 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
     return chosen
 
 
-def _same_strides(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(x == y for x, y, s in zip(a, b, shape, strict=True) if s > 1)
-
-
 def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int, list[Node]],
                   outputs: dict[int, Any]) -> bool:
     """Is `src` in memory anyway (so a view of it costs nothing), or no smaller than the view?"""
@@ -454,7 +450,7 @@ def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int
 def with_strides(spec: TensorSpec, strides: tuple[int, ...]) -> TensorSpec:
     """`spec` laid out with `strides` (a plain row-major spec when they are the contiguous ones)."""
     if spec.layout is None and spec.strides is None and \
-            _same_strides(spec.shape, strides, contiguous_strides(spec.shape)):
+            same_strides(spec.shape, strides, contiguous_strides(spec.shape)):
         return spec
     return spec.with_(strides=tuple(strides), layout="strided")
 
@@ -478,11 +474,11 @@ def assign_view_strides(graph: Graph, output_strides: Sequence[Any] | None = Non
         elif node.id in aliases:
             new_specs[node.id] = aliases[node.id][0]
         elif node.id in wanted and get_op(node.op).has(VIEW) and \
-                not _same_strides(node.shape, wanted[node.id], node.spec.memory_strides):
+                not same_strides(node.shape, wanted[node.id], node.spec.memory_strides):
             # a copied view output, written in that layout (one asked with gaps: dense, in its order)
             ask = wanted[node.id]
             layout = dense_in_order(node.shape, ask) if gapped(node.shape, ask) else ask
-            if layout is not None and not _same_strides(node.shape, layout, node.spec.memory_strides):
+            if layout is not None and not same_strides(node.shape, layout, node.spec.memory_strides):
                 new_specs[node.id] = layout
     if not new_specs and not grads:
         return graph
@@ -521,6 +517,6 @@ def alias_kernel_specs(graph: Graph) -> dict[int, tuple[tuple[int, ...], int]]:
     out = {}
     by_id = {n.id: n for n in graph.nodes}
     for nid, (strides, offset) in view_aliases(graph).items():
-        if _same_strides(by_id[nid].shape, by_id[nid].spec.memory_strides, strides):
+        if same_strides(by_id[nid].shape, by_id[nid].spec.memory_strides, strides):
             out[nid] = (strides, offset)
     return out

@@ -98,3 +98,8 @@ def dense_in_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[in
         out[i] = expected
         expected *= max(int(shape[i]), 1)
     return tuple(out)
+
+
+def same_strides(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Strides `a` and `b` address the same elements of `shape` (they may differ on size-1 dims)."""
+    return len(a) == len(b) and all(x == y for x, y, s in zip(a, b, shape, strict=True) if s > 1)
