@@ -573,17 +573,17 @@ def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int]
         if id(row) in taken or id(row) not in claimed:
             continue
         cols = [c for _, c in sorted(claimed[id(row)], key=lambda sc: -sc[0])]
-        merged: KernelGroup | None = None
+        pair: RowColumnGroup | None = None
         members: list[KernelGroup] = []
         for col in cols if settings.share_row_pass else cols[:1]:
             more = [*members, col]
-            trial = _columns_as_one(more, boundary)
-            if trial is None or _cyclic(_pair_of(row, trial, out, more, external), ancestors, bits):
+            merged = _columns_as_one(more, boundary)
+            trial = None if merged is None else _pair_of(row, merged, out, more, external)
+            if trial is None or _cyclic(trial, ancestors, bits):
                 continue
-            merged, members = trial, more
-        if merged is None:
+            pair, members = trial, more
+        if pair is None:
             continue
-        pair = _pair_of(row, merged, out, members, external)
         out[out.index(row)] = pair
         for col in members:
             out.remove(col)
