@@ -260,3 +260,23 @@ def test_layouts_with_gaps_are_told_apart_from_dense_and_overlapping_ones():
     assert not gapped(q, (512, 128, 16, 1))             # contiguous
     assert not gapped(q, (512, 16, 64, 1))              # a dense permutation ([B, T, H, D] in memory)
     assert dense_in_order(q, (0, 16, 64, 1)) is None and not gapped(q, (0, 16, 64, 1))   # broadcast
+
+
+def test_channels_last_pointwise_output_written_in_its_layout() -> None:
+    """relu + max-pool of a channels-last tensor (no convolution, so no layout pass region): the plan
+    writes its output channels-last (what torch returns), walking the domain channel-innermost so the
+    NHWC loads coalesce, instead of NCHW order plus a restriding copy."""
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)).eval()
+    x = rand(2, 8, 12, 12).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        compiled = fg.compile(model)
+        got, want = compiled(x), model(x)
+    assert_close(got, want)
+    assert got.stride() == want.stride()
+    [graph] = compiled.fusegraph_report.graphs
+    [part] = graph.partitions
+    plan = part.plan_ref()
+    assert len(plan.kernels) == 1   # no restriding copy inside the plan
+    spec = plan.graph.outputs[0].spec
+    assert spec.memory_strides == tuple(want.stride()), spec
+    assert "offs % 8" in plan.kernels[0].source   # the channel (8 of them) is the innermost index
