@@ -1,4 +1,4 @@
-"""graph_outputs="reuse" (runtime/cuda_graph.py): a captured plan returns its captured output buffers
+"""graph_outputs="reuse" and "copy" (runtime/cuda_graph.py): a captured plan returns its captured output buffers
 while the caller holds none of the previous call's outputs, runs kernel by kernel when it does, and
 reads an input in place when it lies in another reuse plan's captured outputs (a training backward
 reading its forward's activations). On CPU with the stand-in graph of test_runtime_cuda_graph.py."""
@@ -323,3 +323,54 @@ def test_gradients_the_caller_keeps_are_never_overwritten(built_partitions: list
             assert torch.equal(g, c)
     backward = next(p.plan for p in built_partitions if p.plan is not None and p.plan.graph.name.startswith("back"))
     assert backward.cuda_graph is not None and backward.cuda_graph.live_calls > 0
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_copy_returns_captured_buffers_while_the_caller_drops_them() -> None:
+    """graph_outputs="copy": large outputs come back as the captured buffers (no clone doubling them)
+    as long as each call's outputs are gone by the next call."""
+    plan, _ = block(graph_outputs="copy")
+    w = rand(16, 12)
+    plan(rand(8, 16), w)                                    # warm-up + capture
+    runner = plan.cuda_graph
+    assert plan.cuda_graph_captured and "USE(" in runner.replay_source
+    assert ".clone()" not in runner.replay_source
+    for _ in range(3):
+        x = rand(8, 16)
+        y, h = plan(x, w)
+        assert y.data_ptr() == runner.captured.static_outputs[0].data_ptr()
+        assert_close(y, eager(x, w)[0])
+        assert_close(h, eager(x, w)[1])
+        del y, h
+    assert runner.captured.graph.replays == 3 and runner.live_calls == 0 and not runner.cloning
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_copy_clones_once_the_caller_keeps_outputs_across_calls() -> None:
+    """The first call that finds the previous outputs referenced runs kernel by kernel; from then on
+    every replay's outputs are clones, and the buffers the caller still holds are never overwritten."""
+    plan, _ = block(graph_outputs="copy")
+    w = rand(16, 12)
+    plan(rand(8, 16), w)
+    runner = plan.cuda_graph
+    x2 = rand(8, 16)
+    y2, _ = plan(x2, w)                                     # the captured buffer, kept below
+    assert y2.data_ptr() == runner.captured.static_outputs[0].data_ptr()
+    kept = y2.clone()
+    x3 = rand(8, 16)
+    y3, _ = plan(x3, w)                                     # y2 alive: kernel by kernel, then cloning
+    assert runner.live_calls == 1 and runner.cloning and runner.captured.graph.replays == 1
+    assert torch.equal(y2, kept)
+    assert_close(y3, eager(x3, w)[0])
+    assert ".clone()" in runner.replay_source and ".detach()" not in runner.replay_source
+    x4 = rand(8, 16)
+    y4, _ = plan(x4, w)                                     # y2 (the captured buffer) still held
+    assert runner.live_calls == 2 and torch.equal(y2, kept)
+    del y2
+    gc.collect()
+    outs = [plan(x, w)[0] for x in (x3, x4)]                # replays, clones the caller may keep
+    assert runner.captured.graph.replays == 3 and runner.live_calls == 2
+    assert all(o.data_ptr() != runner.captured.static_outputs[0].data_ptr() for o in outs)
+    assert_close(outs[0], eager(x3, w)[0])
+    assert_close(outs[1], eager(x4, w)[0])
+    assert_close(y4, eager(x4, w)[0])

@@ -119,6 +119,10 @@ def test_resnet_stem_maxpool_is_one_generated_kernel_without_pad_buffer(channels
     pools = [k for k in kernels if "maximum" in _ops(k)]
     assert len(pools) == 1 and pools[0].backend == "triton" and {"pad", "slice"} <= _ops(pools[0])
     assert [k.kind for k in kernels] == ["convolution", "pointwise"], [k.name for k in kernels]
+    # batchnorm + relu are the convolution's epilogue, stored once; the pool reads their result and
+    # does not rebuild them at each of its 9 window taps (fusion/recompute.epilogue_values)
+    conv_kernel, pool_kernel = kernels
+    assert {"rsqrt", "relu"} <= _ops(conv_kernel) and not {"rsqrt", "relu", "sub"} & _ops(pool_kernel)
     if dtype == torch.float16:   # tensor-core convolution: NHWC through the pooling, no copy
         conv, pool = kernels
         assert conv.outputs[0].spec.layout == "NHWC" and pool.inputs[0] is conv.outputs[0]

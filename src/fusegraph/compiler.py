@@ -42,8 +42,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     fuse (False: one reference kernel per op), max_row_block (widest row held whole in registers),
     keep_composites (composite ops not to decompose), fast_launch (direct launches on CUDA),
     cuda_graphs (True: capture the plan as one CUDA graph when possible, False: never, None/absent:
-    automatically when launch-bound; runtime/cuda_graph.py), graph_outputs ("copy": fresh outputs each
-    call, the default; "alias": the captured output buffers, valid until the next call; "reuse": the
+    automatically when launch-bound; runtime/cuda_graph.py), graph_outputs ("copy": outputs the caller
+    owns each call, the default (large ones are the captured buffers while the caller drops them
+    before the next call); "alias": the captured output buffers, valid until the next call; "reuse": the
     captured buffers while the caller holds none of the previous call's, captured at the second call,
     reading other reuse plans' outputs in place: training graphs of the torch backend), static_inputs
     (positions of inputs a CUDA graph reads in place instead of copying: weights that stay the same

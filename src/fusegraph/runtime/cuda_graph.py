@@ -33,9 +33,17 @@ the host for most of the call: the plan is captured then (ResNet-50 at batch 128
 kernels, ~55 of them cuDNN frontend plans, 4.4 ms of kernels but 4.9-6.6 ms of host time per call).
 Otherwise it stays kernel by kernel, and the note says so with the numbers.
 
-Outputs (graph_outputs): "copy" (the default) returns clones; "alias" returns the captured buffers
-themselves, which the next replay overwrites (the caller's promise to be done with them); "reuse"
-returns the captured buffers only while that is safe. For training graphs, whose forward returns every
+Outputs (graph_outputs): "copy" (the default) returns outputs the caller owns; "alias" returns the
+captured buffers themselves, which the next replay overwrites (the caller's promise to be done with
+them); "reuse" returns the captured buffers only while that is safe. A copy plan returns its large
+outputs as the captured buffers too, as long as the caller drops them before the next call (a use-count
+check before each replay, as for reuse): a clone would double them (the zoo's small Llama at batch 2:
+125 MiB of logits in the graph's pool plus 125 MiB cloned, eager's whole peak being 130 MiB). The first
+call that finds them still referenced runs kernel by kernel into fresh memory, and from then on that
+plan clones every output after its replay (keeping the check while the caller holds the earlier
+buffers): a caller that keeps outputs across calls pays one clone per call, as before.
+
+For training graphs, whose forward returns every
 activation the backward saves (gigabytes: cloning them costs as much as the launches saved), a reuse
 plan checks before each replay that nothing outside it still references the previous call's outputs (the
 storages' use counts are back to what the plan itself holds) and otherwise runs that call kernel by
@@ -221,6 +229,10 @@ class Captured:
     input_ptrs: list[int] = field(default_factory=list)   # each input buffer's address at capture
     # run before every replay: refresh values that launches computed outside the graph and baked into it
     hooks: tuple[Callable[[], None], ...] = ()
+    # output storage handle -> its use count when only this capture references it (taken when the
+    # first replay function is made, right after capture; a later one, made while a caller holds
+    # outputs, checks against the same counts)
+    use_counts: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.input_ptrs:
@@ -281,11 +293,25 @@ def input_buffers(inputs: Sequence[torch.Tensor], by_reference: frozenset[int]) 
             for i, t in enumerate(inputs)]
 
 
+# One side stream per device for every warm-up and capture: cuBLAS keeps a workspace per (handle,
+# stream) for the life of the process (32 MiB on Hopper), so a fresh stream per capture held another
+# one per captured plan (the zoo's BERT: 33.5 MiB held, 32 of them that workspace).
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream captures on `device` run on (created at the first capture)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capture_streams:
+        _capture_streams[index] = torch.cuda.Stream(torch.device("cuda", index))
+    return _capture_streams[index]
+
+
 def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: frozenset[int]) -> Captured:
     static_inputs = input_buffers(inputs, by_reference)
     device = static_inputs[0].device if static_inputs else torch.device("cuda")
     current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
+    side = capture_stream(device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         run_plain(static_inputs)
@@ -302,7 +328,7 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
                    alias_outputs: bool, name: str, moved: RunFn | None = None,
                    live: RunFn | None = None, plain: RunFn | None = None,
-                   held: Collection[int] | None = None) -> tuple[RunFn, str]:
+                   held: Collection[int] | None = None, clone_all: bool = False) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
     (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), with `plain` a check
     that the caller is not capturing a CUDA graph of its own (a replay cannot be captured: such a call
@@ -312,7 +338,8 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     the call goes to `live`), one copy_ per other input into the captured buffers, the replay, and the
     outputs (cloned unless aliased; with `live`, fresh tensor objects on the captured buffers, whose
     references the next call's check counts, except small ones the caller may keep (`held`: their
-    positions, None = all), which are cloned). Returns the function and its source."""
+    positions, None = all), which are cloned, and all of them cloned with `clone_all`, the check
+    kept). Returns the function and its source."""
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
@@ -355,7 +382,7 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     for j, out in enumerate(captured.static_outputs):
         env[f"O{j}"] = out
         if live is not None:   # small outputs (a loss the caller keeps for logging) are cloned, not tracked
-            results.append(f"O{j}.detach()" if id(out) in tracked else f"O{j}.clone()")
+            results.append(f"O{j}.detach()" if id(out) in tracked and not clone_all else f"O{j}.clone()")
         else:
             results.append(f"O{j}" if alias_outputs else f"O{j}.clone()")
     lines += [f"        return [{', '.join(results)}]",
@@ -363,7 +390,8 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     source = "\n".join(lines)
     # the baseline use counts: the references this plan itself holds (the captured outputs)
     for j in checks:
-        env[f"B{j}"] = torch._C._storage_Use_Count(env[f"C{j}"])
+        cdata = env[f"C{j}"]
+        env[f"B{j}"] = captured.use_counts.setdefault(cdata, torch._C._storage_Use_Count(cdata))
     exec(compile(source, f"<plan {name} cuda graph>", "exec"), env)
     run: RunFn = env["run"]
     return run, source
@@ -424,7 +452,8 @@ class GraphRunner:
         self.captured: Captured | None = None
         self.replay_source = ""        # the generated per-call function once captured
         self.moved_calls = 0           # calls run kernel by kernel: an input read in place was elsewhere
-        self.live_calls = 0            # reuse: calls run kernel by kernel, the previous outputs still referenced
+        self.live_calls = 0            # reuse/copy: calls run kernel by kernel, the previous outputs still referenced
+        self.cloning = False           # copy: the caller kept outputs across a call, so every output is cloned
         self.nested_calls = 0          # calls inside the caller's own CUDA-graph capture: kernel by kernel
         self.chained_inputs: frozenset[int] = frozenset()   # reuse: inputs read in another plan's outputs
         self.capture_fn: Callable[[RunFn, Sequence[torch.Tensor], Collection[int]], Captured] = capture
@@ -455,11 +484,17 @@ class GraphRunner:
         return self.run_plain(inputs)
 
     def live(self, inputs: Sequence[Any]) -> list[Any]:
-        """A reuse plan's call while the previous call's outputs are still referenced: kernel by kernel,
-        into fresh memory, so that the replay does not overwrite them."""
+        """A call while outputs a replay returned as captured buffers are still referenced: kernel by
+        kernel, into fresh memory, so that the replay does not overwrite them. A copy plan then clones
+        every output from its next replay on (this caller keeps outputs across calls)."""
         if self.live_calls == 0:
             log(f"plan {self.name}: the previous call's outputs are still referenced: running kernel by kernel")
         self.live_calls += 1
+        if self.outputs == "copy" and not self.cloning and self.captured is not None:
+            self.cloning = True
+            log(f"plan {self.name}: graph_outputs='copy': the caller keeps outputs across calls, cloning them "
+                f"from now on")
+            self.install(self._replay())
         return self.run_plain(inputs)
 
     def in_callers_capture(self, inputs: Sequence[Any]) -> list[Any]:
@@ -526,12 +561,19 @@ class GraphRunner:
             captured.static_inputs[i] = None
         return replay(inputs)
 
+    def _replay(self) -> RunFn:
+        """The generated per-call function of the captured graph (its source kept on replay_source)."""
+        assert self.captured is not None
+        replay, self.replay_source = compile_replay(
+            self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs == "alias", self.name, self.moved,
+            self.live if self.outputs != "alias" else None, self.in_callers_capture, self.held_outputs,
+            clone_all=self.cloning)
+        return replay
+
     def _capture(self, inputs: Sequence[Any], by_reference: frozenset[int]) -> RunFn | None:
         try:
             self.captured = self.capture_fn(self.run_plain, inputs, by_reference)
-            replay, self.replay_source = compile_replay(
-                self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs != "copy", self.name, self.moved,
-                self.live if self.outputs == "reuse" else None, self.in_callers_capture, self.held_outputs)
+            replay = self._replay()
         except Exception as err:  # any capture failure falls back to the plain path, never raises
             self.captured = None
             note = f"capture failed, running kernel by kernel: {type(err).__name__}: {err}"
@@ -543,7 +585,9 @@ class GraphRunner:
         in_place = f", {len(self.static_inputs)} static input(s) read in place" if self.static_inputs else ""
         if self.chained_inputs:
             in_place += f", {len(self.chained_inputs)} input(s) read in place from another plan's captured outputs"
-        outputs = {"copy": "outputs cloned", "alias": "outputs alias the captured buffers",
+        outputs = {"copy": "outputs are the captured buffers while the caller holds none of the previous call's, "
+                           "clones once it does (small ones always cloned)",
+                   "alias": "outputs alias the captured buffers",
                    "reuse": "outputs are the captured buffers while the caller holds none of the previous call's"}
         when = "second" if self.outputs == "reuse" else "first"
         self.set_note(f"{self.decided_again}captured: one CUDA graph of the whole plan, replayed after its {when} call "
