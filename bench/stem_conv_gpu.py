@@ -116,7 +116,7 @@ def timer(device: str) -> Callable[[Callable[[], Any]], tuple[float, float]]:
     return measure
 
 
-VARIANTS = ("direct", "padded", "gemm")
+VARIANTS = ("direct", "padded", "s2d", "gemm")
 
 
 def variants_of(problem: Any) -> list[str]:

@@ -352,8 +352,9 @@ def test_the_tuner_is_offered_both_variants_for_the_resnet_stem(monkeypatch: pyt
     stem = triton_conv.problem_of_tensors(x, w, None, (2, 2), (3, 3), (1, 1))
     conv, _ = triton_conv.autotuned(stem, "cpu")
     variants = [c["VARIANT"] for c in offered["candidates"]]
-    assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 3
+    assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 4
     assert variants.count("direct") >= 8 and variants.count("padded") >= 8 and variants[0] == "direct"
+    assert variants.count("s2d") >= 4                                       # the stride-2 stem regrouped
     assert conv.variant == "padded" and conv.padder is not None            # the tuner's pick is what runs
     geom = conv.padder.geom
     assert (geom.c_pad, geom.k_row, geom.shape, conv.constexprs["ROW_ALIGN"]) == (4, 32, (128, 4, 230, 230), 8)
@@ -365,7 +366,60 @@ def test_the_tuner_is_offered_both_variants_for_the_resnet_stem(monkeypatch: pyt
     assert padded_floor > direct_floor
 
 @on_the_interpreter
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", [c for c in CASES if triton_conv.s2d_unsupported(
+    triton_conv.problem_of_tensors(torch.empty(c[1:5]), torch.empty(c[5], c[2], c[6], c[7]), None, c[8], c[9],
+                                   c[10])) is None], ids=lambda c: c[0])
+def test_s2d_variant_matches_torch(case: tuple[Any, ...], dtype: torch.dtype) -> None:
+    """Space-to-depth: the strided convolution as a stride-1 one over stride x stride blocks."""
+    _, n, c, h, w, co, kh, kw, stride, padding, dilation, bias = case
+    x, wt, b = _operands(n, c, h, w, co, kh, kw, bias, dtype, seed=len(case[0]))
+    problem = triton_conv.problem_of_tensors(x, wt, b, stride, padding, dilation)
+    for config in [cfg for cfg in triton_conv.configs(problem) if cfg["VARIANT"] == "s2d"][:2]:
+        out = triton_conv.conv2d(x, wt, b, stride, padding, dilation, config=config)
+        assert out.dtype == dtype and out.is_contiguous(memory_format=CL)
+        assert_close(out.float(), _reference(x, wt, b, stride, padding, dilation),
+                     tol=5e-3 if dtype == torch.float16 else 1e-5, what=f"{case[0]} {config}")
+
+
+def test_s2d_geometry_of_the_resnet_stem() -> None:
+    stem = triton_conv.problem_of_tensors(torch.empty(128, 3, 224, 224, dtype=torch.bfloat16),
+                                          torch.empty(64, 3, 7, 7, dtype=torch.bfloat16), None, (2, 2), (3, 3), (1, 1))
+    inner, geom = triton_conv.s2d_problem(stem), triton_conv.s2d_geometry(stem)
+    # 4x4 stride-1 over 16 channels (2x2 blocks of 4 padded channels), 112 + 4 - 1 rows and columns
+    assert (inner.w_shape, inner.stride, inner.padding, inner.k) == ((64, 16, 4, 4), (1, 1), (0, 0), 256)
+    assert (geom.shape, geom.c_group, geom.k_row, geom.s2d) == ((128, 16, 115, 115), 4, 64, 2)
+    assert triton_conv.floor_bytes(stem, "s2d") - triton_conv.floor_bytes(stem) == 2 * geom.nbytes
+    assert "dilation" in str(triton_conv.s2d_unsupported(replace(stem, dilation=(2, 2))))
+    assert "stride" in str(triton_conv.s2d_unsupported(replace(stem, stride=(1, 1))))
+    with pytest.raises(fg.InvalidValueError, match="VARIANT='s2d' for a convolution it does not apply to"):
+        triton_conv.TritonConv(replace(stem, stride=(1, 1)), {"VARIANT": "s2d", "BLOCK_M": 16, "BLOCK_N": 16,
+                                                              "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1,
+                                                              "num_stages": 1})
+
+
+@on_the_interpreter
+@pytest.mark.parametrize("variant", ["padded", "s2d"])
+def test_operand_pass_folds_the_epilogue_scale_into_the_weight(variant: str) -> None:
+    """scale * conv + shift -> relu with the scale multiplied into the weight the operand pass writes:
+    the store applies the shift only (HAS_SCALE off in the conv)."""
+    x, wt, _ = _operands(2, 3, 15, 13, 16, 7, 7, False, torch.float16, seed=9)
+    problem = triton_conv.problem_of_tensors(x, wt, None, (2, 2), (3, 3), (1, 1))
+    config = _config(problem, variant)
+    form = triton_conv.EpilogueForm(scale=True, shift=True, activation="relu")
+    conv = triton_conv.TritonConv(problem, config, form)
+    assert conv.fold_scale and conv.padder is not None and conv.padder.constexprs["HAS_SCALE"]
+    assert not conv.constexprs["HAS_SCALE"] and conv.constexprs["HAS_SHIFT"]
+    vectors = {"scale": rand(16, low=0.5), "shift": rand(16)}
+    want = torch.relu(_reference(x, wt, None, 2, 3, 1) * vectors["scale"][:, None, None]
+                      + vectors["shift"][:, None, None])
+    assert_close(conv(x, wt, None, vectors).float(), want, tol=5e-3)
+    with pytest.raises(ValueError, match="without one"):
+        conv(x, wt, None, {"shift": vectors["shift"]})
+
+
+@on_the_interpreter
+@pytest.mark.parametrize("variant", [*VARIANTS, "s2d"])
 def test_nchw_operands_and_given_output_strides(variant: str) -> None:
     x = rand(2, 3, 11, 9, seed=3)                      # NCHW-contiguous input and weight
     wt = rand(8, 3, 3, 3, seed=4) / 5.0
@@ -393,7 +447,7 @@ def test_configs_are_clamped_to_the_problem_and_fp32_keeps_small_k_tiles() -> No
     key = stem.key("cuda:0")
     assert key["conv"] == [(2, 2), (3, 3), (1, 1)] and key["dtype"] == "float32"
     assert key["x"][1] == (3 * 224 * 224, 224 * 224, 224, 1)                    # strides are part of the key
-    assert key["version"] == triton_conv.TUNING_VERSION == 3     # entries from before the variants do not alias
+    assert key["version"] == triton_conv.TUNING_VERSION == 4     # entries from before the variants do not alias
 
 
 def _conv_group(c_in: int = 3, groups: int = 1, activation: str = "relu", dtype: str = "float16") -> ConvGroup:

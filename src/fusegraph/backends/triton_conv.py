@@ -19,6 +19,18 @@ contiguous, aligned runs without border masks (alignment and contiguity hints: c
 instead of one 2-byte load per element when C_in = 3). Without a GPU or autotuning the first
 (direct) config runs.
 
+A fourth variant, "s2d" (space-to-depth), serves strided convolutions (stride 2 or 4, e.g. a 7x7/2
+stem or a 3x3/2 one): its operand pass (the padded variant's kernel with S2D > 1) writes the
+zero-padded input regrouped into stride x stride blocks, x_s2d[n, i, j, (bh, bw, c)] =
+x_pad[n, i*s + bh, j*s + bw, c] (C_in rounded up to a power of two), and the weight in the matching
+order, w_s2d[co, kh_s, kw_s, (bh, bw, c)] = w[co, c, kh_s*s + bh, kw_s*s + bw] (zero past KH, KW).
+The convolution is then a stride-1, unpadded one with a ceil(KH/s) x ceil(KW/s) filter over s^2 *
+C_in_pad channels (ResNet-50's stem: 4x4 over 16 channels, K = 256 against 147), run by the direct
+gather, whose window rows are now runs of KW_s * 16 contiguous elements. On the H200 that
+convolution took 0.180 ms against 0.258 for the padded variant's (plus ~0.035 for either's pass).
+Both operand-pass variants fold a per-channel scale of a fused epilogue (a batchnorm's) into the
+weight they write, so the store applies only the shift.
+
 A third variant, "gemm", computes 1x1 unpadded convolutions over channels-last operands (any
 stride, any C_in): each output pixel's A row is its input pixel's C_in contiguous channels and
 w[co] is a contiguous row, so the kernel is a plain GEMM (M = N*OH*OW, K = C_in) loading both
@@ -59,8 +71,10 @@ from . import triton_conv_pad as pad
 KERNEL_NAME = "fg_conv2d_implicit_gemm"
 MAX_C_IN = 16
 DTYPES = ("float16", "bfloat16", "float32")
-VARIANTS = ("direct", "padded", "gemm")   # config key VARIANT; see the module doc
-TUNING_VERSION = 3                # in the tuning key: 2 = configs carry VARIANT, 3 = the gemm variant
+VARIANTS = ("direct", "padded", "gemm", "s2d")   # config key VARIANT; see the module doc
+TUNING_VERSION = 4                # in the tuning key: 2 = configs carry VARIANT, 3 = the gemm variant, 4 = s2d
+S2D_STRIDES = (2, 4)              # strides the s2d variant regroups (each a stride x stride block per pixel)
+S2D_MAX_CHANNELS = 64             # the widest regrouped pixel: stride^2 * C_in rounded up to a power of two
 
 TRITON_CONV_SOURCE = '''\
 import triton
@@ -239,6 +253,11 @@ _GEMM_TILES = (
     (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
     (128, 128, 32, 4, 4),
 )
+# the s2d variant: the direct gather over 16 to 64 contiguous channels (ResNet-50's stem regrouped:
+# 128x64x64 w4 s3 took 0.180 ms on the H200, bench/results/stem_conv_s2d_*)
+_S2D_TILES = (
+    (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (128, 64, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 3),
+)
 GROUP_M = 8
 
 
@@ -373,6 +392,39 @@ def padded_k(problem: ConvProblem) -> int:
     return problem.w_shape[2] * padded_geometry(problem).k_row
 
 
+def s2d_unsupported(problem: ConvProblem) -> str | None:
+    """Why the s2d variant does not apply (None when it does): it regroups a strided convolution's
+    padded input into stride x stride blocks (space-to-depth), which makes it a stride-1
+    convolution over stride^2 times the channels with a ceil(K/stride) filter; then the direct
+    gather reads each window row as one contiguous run of KWs * C_PAD elements instead of C_in-wide
+    (3-channel: 6-byte) pieces."""
+    p = problem
+    if p.stride[0] != p.stride[1] or p.stride[0] not in S2D_STRIDES:
+        return f"stride {p.stride} (equal strides of {' or '.join(map(str, S2D_STRIDES))} only)"
+    if p.dilation != (1, 1):
+        return f"dilation {p.dilation}"
+    channels = p.stride[0] ** 2 * _pow2_at_least(p.x_shape[1])
+    if channels > S2D_MAX_CHANNELS:
+        return f"{channels} regrouped channels > {S2D_MAX_CHANNELS}"
+    return None
+
+
+def s2d_geometry(problem: ConvProblem) -> pad.PaddedGeometry:
+    """The s2d variant's buffer layout (triton_conv_pad.s2d_geometry)."""
+    return pad.s2d_geometry(problem.x_shape, problem.w_shape, problem.stride[0], problem.out_shape[2:],
+                            dtypes.itemsize(problem.dtype))
+
+
+def s2d_problem(problem: ConvProblem) -> ConvProblem:
+    """The stride-1 convolution the s2d variant runs over its regrouped buffer and weight (same output)."""
+    g, s = s2d_geometry(problem), problem.stride[0]
+    co, _, kh, kw = problem.w_shape
+    kh_s, kw_s = -(-kh // s), -(-kw // s)
+    w_strides = (kh_s * kw_s * g.c_pad, 1, kw_s * g.c_pad, g.c_pad)   # w_pad[co, (khs, kws, cs)]
+    return replace(problem, x_shape=g.shape, x_strides=g.strides, w_shape=(co, g.c_pad, kh_s, kw_s),
+                   w_strides=w_strides, stride=(1, 1), padding=(0, 0))
+
+
 def configs(problem: ConvProblem) -> list[ConvConfig]:
     """Candidate configs, best guess first, clamped to the problem (tl.dot needs tiles of >= 16) and
     deduplicated. Narrow input channels (C_in <= MAX_C_IN): the direct variant's tiles (the untimed
@@ -384,6 +436,8 @@ def configs(problem: ConvProblem) -> list[ConvConfig]:
     variants: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
     if problem.x_shape[1] <= MAX_C_IN:
         variants += [("direct", _TILES, problem.k), ("padded", _PADDED_TILES, padded_k(problem))]
+    if problem.x_shape[1] <= MAX_C_IN and s2d_unsupported(problem) is None:
+        variants.append(("s2d", _S2D_TILES, s2d_problem(problem).k))
     if gemm_unsupported(problem) is None:
         variants.append(("gemm", _GEMM_TILES, problem.k))
     for variant, tiles, k in variants:
@@ -439,9 +493,20 @@ class TritonConv:
         self.padder: pad.OperandPadder | None = None
         variant_constexprs = {"PADDED": False, "C_PAD": 1, "K_ROW": 1, "ROW_ALIGN": 1, "A_CONTIG": 1,
                               "GEMM": False, "ALIGN": 1}
-        if self.variant == "padded":
+        # the variants with an operand pass fold a scale into the weight there (the store keeps the shift)
+        self.fold_scale = e.scale and self.variant in ("padded", "s2d")
+        self.inner = p   # the convolution the kernel computes: for s2d the stride-1 one over the regrouped buffer
+        if self.variant == "s2d":
+            why = s2d_unsupported(p)
+            if why is not None:
+                raise InvalidValueError(f"{KERNEL_NAME}: config VARIANT='s2d' for a convolution it does not "
+                                        f"apply to: {why}")
+            self.inner = s2d_problem(p)
+            self.padder = pad.OperandPadder(s2d_geometry(p), p.w_shape, p.padding, config["BLOCK_K"],
+                                            self.fold_scale)
+        elif self.variant == "padded":
             geom = padded_geometry(p)
-            self.padder = pad.OperandPadder(geom, p.w_shape, p.padding, config["BLOCK_K"])
+            self.padder = pad.OperandPadder(geom, p.w_shape, p.padding, config["BLOCK_K"], self.fold_scale)
             contiguous = min(config["BLOCK_K"], geom.k_row) if p.dilation[1] == 1 else geom.c_pad
             variant_constexprs = {"PADDED": True, "C_PAD": geom.c_pad, "K_ROW": geom.k_row,
                                   "ROW_ALIGN": geom.row_align(p.stride, p.dilation, config["BLOCK_K"]),
@@ -452,13 +517,14 @@ class TritonConv:
                 raise InvalidValueError(f"{KERNEL_NAME}: config VARIANT='gemm' for a convolution it does not "
                                         f"apply to: {why}")
             variant_constexprs = {**variant_constexprs, "GEMM": True, "ALIGN": gemm_align(p)}
+        q = self.inner
         self.constexprs = {
-            "C_IN": p.x_shape[1], "C_OUT": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3],
-            "STRIDE_H": p.stride[0], "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1],
-            "DIL_H": p.dilation[0], "DIL_W": p.dilation[1], "HAS_BIAS": p.has_bias,
+            "C_IN": q.x_shape[1], "C_OUT": p.out_shape[1], "KH": q.w_shape[2], "KW": q.w_shape[3],
+            "STRIDE_H": q.stride[0], "STRIDE_W": q.stride[1], "PAD_H": q.padding[0], "PAD_W": q.padding[1],
+            "DIL_H": q.dilation[0], "DIL_W": q.dilation[1], "HAS_BIAS": p.has_bias,
             "INPUT_PRECISION": "ieee" if p.dtype == "float32" and not p.tf32 else "tf32", **variant_constexprs,
-            "HAS_SCALE": e.scale, "HAS_SHIFT": e.shift, "HAS_RESIDUAL": e.residual_strides is not None,
-            "HAS_RSCALE": e.rscale, "ACTIVATION": e.activation,
+            "HAS_SCALE": e.scale and not self.fold_scale, "HAS_SHIFT": e.shift,
+            "HAS_RESIDUAL": e.residual_strides is not None, "HAS_RSCALE": e.rscale, "ACTIVATION": e.activation,
             "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
             "GROUP_M": config["GROUP_M"]}
         tiles_m = -(-p.m // config["BLOCK_M"])
@@ -475,14 +541,14 @@ class TritonConv:
         return [x, w, bias if bias is not None else w, out, v.get("scale", w), v.get("shift", w),
                 residual if residual is not None else w, v.get("rscale", w),
                 p.x_shape[0], x.shape[2], x.shape[3], p.out_shape[2], p.out_shape[3],
-                *x_strides, *p.w_strides, *p.out_strides, *res_strides]
+                *x_strides, *self.inner.w_strides, *p.out_strides, *res_strides]
 
     def sources(self) -> str:
         """The kernels this config launches, in order (the padded variant: its input pass first)."""
         if self.padder is None:
             return TRITON_CONV_SOURCE
         g = self.padder.geom
-        return (f"# ---- padded variant: operand pass ({pad.PAD_KERNEL_NAME}) into x_pad{list(g.shape)} "
+        return (f"# ---- {self.variant} variant: operand pass ({pad.PAD_KERNEL_NAME}) into x_pad{list(g.shape)} "
                 f"strides {list(g.strides)} ({g.nbytes} bytes of scratch) and w_pad{list(self.padder.w_shape)} "
                 f"----\n{pad.PAD_SOURCE}# ---- then the conv on x_pad, w_pad ----\n{TRITON_CONV_SOURCE}")
 
@@ -497,7 +563,7 @@ class TritonConv:
         if self.padder is None:
             x, w = in_strides(x, p.x_strides), in_strides(w, p.w_strides)
         else:   # its pass reads x and w in any strides
-            x, w = self.padder(x, w)
+            x, w = self.padder(x, w, (vectors or {}).get("scale") if self.fold_scale else None)
         if residual is not None and self.epilogue.residual_strides is not None:
             residual = in_strides(residual, self.epilogue.residual_strides)
         out = self.empty_output(x)
@@ -592,12 +658,13 @@ def reference_conv(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias:
 
 
 def floor_bytes(problem: ConvProblem, variant: str = "direct") -> int:
-    """Bytes a variant must move at least: x, w, out (and bias) once; the padded variant also writes
-    x_pad once and reads it once (its input pass, counted honestly)."""
+    """Bytes a variant must move at least: x, w, out (and bias) once; the padded and s2d variants
+    also write their regrouped input once and read it once (their input pass, counted honestly)."""
     itemsize = dtypes.itemsize(problem.dtype)
     numel = sum(a * b * c * d for a, b, c, d in (problem.x_shape, problem.w_shape, problem.out_shape))
     nbytes = itemsize * (numel + (problem.out_shape[1] if problem.has_bias else 0))
-    return nbytes + (2 * padded_geometry(problem).nbytes if variant == "padded" else 0)
+    scratch = {"padded": padded_geometry, "s2d": s2d_geometry}.get(variant)
+    return nbytes + (2 * scratch(problem).nbytes if scratch is not None else 0)
 
 
 def floor_ms(problem: ConvProblem, variant: str = "direct") -> float | None:
@@ -608,7 +675,8 @@ def floor_ms(problem: ConvProblem, variant: str = "direct") -> float | None:
     try:
         from ..perf.roofline import floor_of, rate_key_of
         from ..tune.autotuner import _datasheet_spec
-        flops = problem.flops if variant == "direct" else 2 * problem.m * problem.out_shape[1] * padded_k(problem)
+        k = {"padded": padded_k, "s2d": lambda p: s2d_problem(p).k}.get(variant, lambda p: p.k)(problem)
+        flops = 2 * problem.m * problem.out_shape[1] * k
         floor = floor_of(floor_bytes(problem, variant), flops, flops, rate_key_of(problem.dtype), _datasheet_spec())
         return floor.seconds * 1e3
     except Exception:  # a problem the cost model cannot price is simply tuned
