@@ -27,6 +27,15 @@ reduce/expand convs and the stride-2 downsample projections), where only the "ge
 
     PYTHONPATH=src python bench/stem_conv_gpu.py --pointwise --no-plan
 
+With --epilogues: ResNet-50's stem with each fused epilogue form in the store (none, bias, bias+relu,
+shift+relu, scale, scale+shift+relu; the operand-pass variants fold the scale into the weight), one
+fixed config per variant. With --pool-plans: the stem's tail as fg.compile'd modules, b128 bf16
+channels-last (conv -> batchnorm -> relu -> max-pool, the same with a conv bias instead of the
+batchnorm, batchnorm -> relu -> max-pool and relu -> max-pool on a 64x112x112 input): device time
+against eager, each plan's kernels with their configs, and the kernels' profiled times.
+
+    PYTHONPATH=src python bench/stem_conv_gpu.py --epilogues --pool-plans --no-table --no-plan
+
 The table goes to stdout and is appended to $OUT/stem_conv.txt when OUT is set.
 """
 
@@ -265,6 +274,80 @@ def plan_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
     return lines
 
 
+def epilogue_lines(case: Case, dtype: torch.dtype, device: str) -> list[str]:
+    """The stem conv with each fused epilogue form, per variant (one config each, no tuning)."""
+    from fusegraph.backends import triton_conv as tc
+
+    x, w, b = operands(case, dtype, device)
+    stride, padding = (case.stride, case.stride), (case.padding, case.padding)
+    vectors = {"scale": torch.rand(case.c_out, device=device) + 0.5, "shift": torch.randn(case.c_out, device=device)}
+    forms = [("none", False, tc.EpilogueForm()), ("bias", True, tc.EpilogueForm()),
+             ("bias+relu", True, tc.EpilogueForm(activation="relu")),
+             ("shift+relu", False, tc.EpilogueForm(shift=True, activation="relu")),
+             ("scale", False, tc.EpilogueForm(scale=True)),
+             ("scale+shift+relu", False, tc.EpilogueForm(scale=True, shift=True, activation="relu"))]
+    measure = timer(device)
+    lines = [f"{case.name} with fused epilogues (ms per call, operand pass included):"]
+    for variant in variants_of(tc.problem_of_tensors(x, w, None, stride, padding, (1, 1))):
+        cells = []
+        for name, with_bias, form in forms:
+            bias = b if with_bias else None
+            problem = tc.problem_of_tensors(x, w, bias, stride, padding, (1, 1))
+            config = next(c for c in tc.configs(problem) if c["VARIANT"] == variant)
+            conv = tc.TritonConv(problem, config, form)
+            cells.append(f"{name} {measure(bound_call(conv, x, w, bias, vectors))[0]:.4f}")
+        lines.append(f"  {variant:7s} {tile(config)}: " + ", ".join(cells))
+    return lines
+
+
+def pool_plan_lines(dtype: torch.dtype, device: str, batch: int, size: int) -> list[str]:
+    """ResNet-50's stem tail as fg.compile'd modules against eager (see the module doc)."""
+    import fusegraph as fg
+
+    def module(bn: bool, bias: bool, conv: bool) -> torch.nn.Module:
+        layers: list[torch.nn.Module] = [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=bias)] if conv else []
+        if bn:
+            norm = torch.nn.BatchNorm2d(64)
+            with torch.no_grad():
+                norm.running_mean.uniform_(-1, 1)
+                norm.running_var.uniform_(0.5, 2)
+                norm.weight.uniform_(0.5, 2)
+            layers.append(norm)
+        seq = torch.nn.Sequential(*layers, torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)).eval()
+        return seq.to(device, dtype).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+
+    cl = torch.channels_last
+    image = torch.randn(batch, 3, size, size, device=device, dtype=dtype).contiguous(memory_format=cl)
+    maps = torch.randn(batch, 64, size // 2, size // 2, device=device, dtype=dtype).contiguous(memory_format=cl)
+    measure = timer(device)
+    lines = []
+    for name, model, x in [("conv_bn_relu_pool", module(True, False, True), image),
+                           ("conv_bias_relu_pool", module(False, True, True), image),
+                           ("bn_relu_pool", module(True, False, False), maps),
+                           ("relu_pool", module(False, False, False), maps)]:
+        with torch.no_grad():
+            compiled = fg.compile(model)
+            got, want = compiled(x), model(x)
+            ours, eager = measure(lambda c=compiled, x=x: c(x))[0], measure(lambda m=model, x=x: m(x))[0]
+            lines.append(f"{name:20s} fusegraph {ours:.4f} ms, eager {eager:.4f} ms, rel err {rel_err(got, want):.1e}"
+                         f", strides {'equal' if got.stride() == want.stride() else 'DIFFER'}")
+            for graph in compiled.fusegraph_report.graphs:
+                for part in graph.partitions:
+                    for k in part.plan.kernels if part.plan is not None else []:
+                        lines.append(f"    {k.name} ({k.kind}/{k.backend}) config {k.config}")
+            if device.startswith("cuda"):
+                from torch.profiler import ProfilerActivity, profile
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        compiled(x)
+                    torch.cuda.synchronize()
+                for row in prof.key_averages():
+                    if row.device_time_total > 0:
+                        lines.append(f"    kernel {row.key[:60]}: {row.device_time_total / row.count / 1e3:.4f} ms "
+                                     f"x{row.count // 10}")
+    return lines
+
+
 def emit(text: str) -> None:
     print(text, flush=True)
     out = os.environ.get("OUT")
@@ -279,6 +362,9 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, fp16, under the interpreter")
     parser.add_argument("--no-plan", action="store_true", help="skip the fusegraph plan of the stem")
     parser.add_argument("--pointwise", action="store_true", help="ResNet-50's 1x1 convolutions (the gemm variant)")
+    parser.add_argument("--no-table", action="store_true", help="skip the per-variant tuning table")
+    parser.add_argument("--epilogues", action="store_true", help="the stem with each fused epilogue form")
+    parser.add_argument("--pool-plans", action="store_true", help="the stem's conv/bn/relu/max-pool tail as plans")
     args = parser.parse_args()
     smoke = args.cpu_smoke or not torch.cuda.is_available()
     device, dtype = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
@@ -291,13 +377,18 @@ def main() -> None:
     emit(f"== {kind} convolutions, {gpu}, {str(dtype).replace('torch.', '')}, channels-last; ms per call ==")
     emit(header)
     ok = True
-    for case in cases:
+    for case in [] if args.no_table else cases:
         lines, matched = conv_lines(case, dtype, device)
         ok &= matched
         emit("\n".join(lines))
-    for line in load_lines(cases[0], dtype, device):
-        emit(line)
-    emit("\n".join(fused_lines(cases[0], dtype, device)))
+    if not args.no_table:
+        for line in load_lines(cases[0], dtype, device):
+            emit(line)
+        emit("\n".join(fused_lines(cases[0], dtype, device)))
+    if args.epilogues:
+        emit("\n".join(epilogue_lines(cases[0], dtype, device)))
+    if args.pool_plans:
+        emit("\n".join(pool_plan_lines(dtype, device, *((2, 16) if smoke else (128, 224)))))
     if not args.no_plan:
         emit("\n".join(plan_lines(cases[0], dtype, device)))
     if not ok:
