@@ -1,4 +1,8 @@
-"""The "padded" variant's operand pass of our Triton implicit-GEMM conv (backends/triton_conv.py).
+"""The operand pass of our Triton implicit-GEMM conv's "padded" and "s2d" variants
+(backends/triton_conv.py). The padded layout is described here; the s2d variant's pass is the same
+kernel with S2D = stride > 1 (each x_pad pixel holds a stride x stride block of padded pixels, the
+weight regrouped to match: triton_conv.s2d_geometry). Either pass can fold a fused epilogue's
+per-output-channel scale into the weight it writes (HAS_SCALE).
 
 Why: with C_in = 3 the direct kernel gathers each A element with its own 2-byte load at a 6-byte
 aligned address, masked at the padding border, so nothing vectorizes and no load goes through
