@@ -26,8 +26,10 @@ x_pad[n, i*s + bh, j*s + bw, c] (C_in rounded up to a power of two), and the wei
 order, w_s2d[co, kh_s, kw_s, (bh, bw, c)] = w[co, c, kh_s*s + bh, kw_s*s + bw] (zero past KH, KW).
 The convolution is then a stride-1, unpadded one with a ceil(KH/s) x ceil(KW/s) filter over s^2 *
 C_in_pad channels (ResNet-50's stem: 4x4 over 16 channels, K = 256 against 147), run by the direct
-gather, whose window rows are now runs of KW_s * 16 contiguous elements. On the H200 that
-convolution took 0.180 ms against 0.258 for the padded variant's (plus ~0.035 for either's pass).
+gather, whose window rows are now runs of KW_s * 16 contiguous elements. On the H200 the stem took
+0.2045 ms this way (0.0275 of it the pass) against 0.2895 padded and 0.884 in cuDNN
+(bench/results/stem_conv_s2d_tiles_20261201_1716.txt); the tuner keeps the direct variant for a
+3x3/2 stem and for 4x4/4 patch embeddings, where s2d loses.
 Both operand-pass variants fold a per-channel scale of a fused epilogue (a batchnorm's) into the
 weight they write, so the store applies only the shift.
 
