@@ -374,3 +374,32 @@ def test_copy_clones_once_the_caller_keeps_outputs_across_calls() -> None:
     assert_close(outs[0], eager(x3, w)[0])
     assert_close(outs[1], eager(x4, w)[0])
     assert_close(y4, eager(x4, w)[0])
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_reduce_overhead_inference_returns_captured_outputs_until_the_caller_keeps_one(
+        built_partitions: list[Any]) -> None:
+    """torch.compile inference through the backend (a copy plan): outputs the caller drops come back as
+    the graph's buffers (no second copy of a large output); a caller keeping outputs across calls gets
+    correct, distinct results from then on."""
+    from fusegraph.frontends.torch_backend import Session
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    compiled = torch.compile(model, backend=Session("reduce-overhead"))
+    with torch.no_grad():
+        for _ in range(3):                                  # dropped before each next call
+            x = rand(8, 16)
+            assert_close(compiled(x), model(x))
+        [runner] = [p.plan.cuda_graph for p in built_partitions if p.plan is not None]
+        assert runner.outputs == "copy" and runner.captured.graph.replays == 2 and runner.live_calls == 0
+        y = compiled(rand(8, 16))
+        assert y.data_ptr() == runner.captured.static_outputs[0].data_ptr()   # the graph's buffer itself
+        del y
+        xs = [rand(8, 16) for _ in range(3)]
+        kept = [compiled(x) for x in xs]                    # kept: the second call finds the first held
+        for x, y in zip(xs, kept, strict=True):
+            assert_close(y, model(x))
+        assert runner.live_calls >= 1 and runner.cloning
+    torch._dynamo.reset()
