@@ -193,3 +193,27 @@ def test_layout_decision_names_weights_converted_per_call(kernel: int, weight_la
     assert decision.layout == "NHWC"
     assert decision.weights_converted_in_conv == (["w"] if converted else [])
     assert "weights re-laid out inside the conv call" in str(decision)
+
+
+def test_batchnorm_stays_in_the_pool_when_the_conv_result_is_an_output_too() -> None:
+    """The conv's result is returned as well, so it is stored anyway and cannot take the batchnorm as
+    its epilogue: storing batchnorm + relu separately would only add bytes (no third kernel)."""
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, _ = _stem(False, torch.float32)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            conv = self.stem[0](x)
+            return conv, self.stem[3](self.stem[2](self.stem[1](conv)))
+
+    model = Both().eval()
+    x = rand(2, 3, 30, 30)
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w)
+    kernels = _launched(_plan_of(compiled))
+    assert [k.kind for k in kernels] == ["convolution", "pointwise"], [k.name for k in kernels]
+    assert {"rsqrt", "maximum"} <= _ops(kernels[1])

@@ -47,7 +47,7 @@ def worth_materializing(groups: list[KernelGroup], graph: Graph) -> set[int]:
                 sites.setdefault(e.node.id, []).append(g)
     users = graph.users()
     node_of = {n.id: n for n in graph.nodes}
-    epilogues = epilogue_values(groups, users, node_of)
+    epilogues = epilogue_values(groups, users, node_of, frozenset(n.id for n in graph.outputs))
     if not any(len(s) > 1 for s in sites.values()):
         return epilogues
     position = {n.id: k for k, n in enumerate(graph.nodes)}
@@ -62,7 +62,8 @@ def worth_materializing(groups: list[KernelGroup], graph: Graph) -> set[int]:
     return chosen | epilogues
 
 
-def epilogue_values(groups: list[KernelGroup], users: dict[int, list[Node]], node_of: dict[int, Node]) -> set[int]:
+def epilogue_values(groups: list[KernelGroup], users: dict[int, list[Node]], node_of: dict[int, Node],
+                    outputs: frozenset[int] = frozenset()) -> set[int]:
     """Ids of pointwise values computed element for element from a GEMM's or convolution's result
     that a kernel rebuilds at several index maps: a max-pool's window taps over conv -> batchnorm ->
     relu (ResNet's stem: the batchnorm's rsqrt and four more ops evaluated at each of 9 taps, 0.128
@@ -70,7 +71,8 @@ def epilogue_values(groups: list[KernelGroup], users: dict[int, list[Node]], nod
     H200). Stored once, such a value is the compute kernel's epilogue (claim_epilogues), written by
     the store the product needed anyway: no extra bytes, and the chain runs once per element.
     Only the last value of each chain, and only when the product and every link before that value
-    have no other reader (else storing the value would add its bytes)."""
+    have no other reader and are no graph outputs (else the product is stored anyway, the epilogue
+    cannot be claimed, and storing the value would add its bytes)."""
     anchored = {a.id for g in groups for a in g.anchors}
     found: set[int] = set()
     for g in groups:
@@ -78,12 +80,12 @@ def epilogue_values(groups: list[KernelGroup], users: dict[int, list[Node]], nod
         for e in g.entries:
             if e.kind == "op" and e.node.id not in anchored:
                 maps.setdefault(e.node.id, set()).add(e.key)
-        found |= {nid for nid, keys in maps.items() if len(keys) > 1 and _on_product(node_of[nid], users)}
+        found |= {nid for nid, keys in maps.items() if len(keys) > 1 and _on_product(node_of[nid], users, outputs)}
     # the chain's last value: its readers are no values of the chain (a link's one reader is the next)
     return {nid for nid in found if not any(u.id in found for u in users.get(nid, ()))}
 
 
-def _on_product(value: Node, users: dict[int, list[Node]]) -> bool:
+def _on_product(value: Node, users: dict[int, list[Node]], outputs: frozenset[int] = frozenset()) -> bool:
     """Is `value` a pointwise chain (each link with one full-size operand, the others smaller:
     per-channel vectors) from the result of a matmul/conv, with no reader off the chain below it?"""
     from ..ir.registry import POINTWISE
@@ -99,7 +101,7 @@ def _on_product(value: Node, users: dict[int, list[Node]]) -> bool:
         if len(full) != 1 or any(i.spec.numel >= value.spec.numel for i in node.inputs if i is not full[0]):
             return False
         node = full[0]
-        if len(users.get(node.id, ())) != 1:
+        if len(users.get(node.id, ())) != 1 or node.id in outputs:
             return False
 
 
