@@ -253,7 +253,8 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
     x_strides = p.x_strides if conv.padder is None else conv.padder.geom.strides
     hw = p.x_shape[2:] if conv.padder is None else (conv.padder.geom.hp, conv.padder.geom.wa)
     res_strides = conv.epilogue.residual_strides or (0, 0, 0, 0)
-    ints = iter([p.x_shape[0], *hw, *p.out_shape[2:], *x_strides, *p.w_strides, *p.out_strides, *res_strides])
+    ints = iter([p.x_shape[0], *hw, *p.out_shape[2:], *x_strides, *conv.inner.w_strides, *p.out_strides,
+                 *res_strides])
     element = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p.dtype]
     signature: dict[str, str] = {}
     constants: dict[str, Any] = {}
