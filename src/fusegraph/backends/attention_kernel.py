@@ -139,13 +139,17 @@ def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
         return recompute + backward_calls(grad_out, q, k, v, lse, torch.zeros_like(lse), mask, problem, config)[3]
 
     launches = 1 if not backward else 2 if has_lse else 3   # the recomputed forward, dk/dv, dq
+    configs = distinct_configs(node, problem)
 
-    def job(config: dict[str, Any], index: int) -> Any:
-        fn, grid, args, consts = calls(config)[index]
+    @functools.cache
+    def calls_of(k: int) -> list[Any]:   # one set of random inputs per config, shared by its launches
+        return calls(configs[k])
+
+    def job(k: int, index: int) -> Any:
+        fn, grid, args, consts = calls_of(k)[index]
         return fn.warmup(*args, grid=grid, **consts)   # a handle, as tune/precompile expects of a job
 
-    return [functools.partial(job, config, index) for config in distinct_configs(node, problem)
-            for index in range(launches)]
+    return [functools.partial(job, k, index) for k in range(len(configs)) for index in range(launches)]
 
 
 def distinct_configs(node: Node, problem: AttentionProblem) -> list[dict[str, Any]]:
