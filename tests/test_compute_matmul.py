@@ -289,3 +289,51 @@ def test_decode_gemv_rule_takes_cublas_untimed():
     assert not _library_only(gen(17)) and not _library_only(gen(1, batch=32))
     with override(gemm_library_max_m=0):
         assert not _library_only(gen(1))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_decode_gemv_kernel_with_fused_epilogue(rows: int, dtype: str) -> None:
+    """A few rows times an nn.Linear weight ([N, K], read along K) run the weight-streaming GEMV
+    variant (codegen/matmul.py write_gemv), bias + silu + residual in its store; K not a multiple of
+    BLOCK_K and N not a multiple of BLOCK_N cover the edges. Off (settings.gemv_kernel): the usual
+    candidates."""
+    from fusegraph.settings import override
+
+    g = fg.Graph(name="gemv", compute_dtype="float32")
+    x = g.tensor((1, rows, 1100), dtype=dtype, name="x")
+    w = g.tensor((72, 1100), dtype=dtype, name="w")
+    b = g.tensor((72,), dtype=dtype, name="b")
+    r = g.tensor((1, rows, 72), dtype=dtype, name="r")
+    y = g.add(g.silu(g.linear(x, w, b)), r)
+    y.set_output()
+    td = getattr(torch, dtype)
+    tensors = [torch.randn(1, rows, 1100, dtype=td), torch.randn(72, 1100, dtype=td) / 30,
+               torch.randn(72, dtype=td), torch.randn(1, rows, 72, dtype=td)]
+    plan, got, ref = _run(g, [x, w, b, r], tensors, y)
+    assert len(plan.kernels) == 1
+    k = plan.kernels[0]
+    assert k.backend == "triton" and k.config["VARIANT"] == "gemv", k.config
+    assert k.ops == ["matmul", "add", "silu", "add"]
+    assert "tl.dot" not in k.source and f"acc{rows - 1} +=" in k.source
+    assert k.config["BLOCK_M"] == (1 if rows == 1 else 4)
+    assert_close(got, ref, what=f"gemv {rows} rows {dtype}")
+    with override(gemv_kernel=False):
+        plan, got, ref = _run(g, [x, w, b, r], tensors, y)
+    assert plan.kernels[0].config.get("VARIANT", "tiled") != "gemv"
+    assert_close(got, ref, what=f"gemm {rows} rows {dtype}")
+
+
+def test_gemv_covers_only_few_rows_of_a_weight_read_along_k() -> None:
+    """codegen/gemm_configs.gemv_covers: one batch entry (after folding), <= GEMV_MAX_M rows, B'
+    with unit stride along K; a [K, N] weight (x @ W) or a batched GEMM keeps the GEMM kernels."""
+    from fusegraph.codegen.gemm_configs import GEMV_MAX_M, GemmGeometry, gemv_configs, gemv_covers
+
+    linear = GemmGeometry((), 1, 4096, 4096, (4096, 1), (1, 4096), (), ())
+    assert gemv_covers(linear)
+    (cfg,) = gemv_configs(linear)
+    assert (cfg["VARIANT"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) == ("gemv", 1, 1, 1024)
+    assert not gemv_covers(GemmGeometry((), GEMV_MAX_M + 1, 4096, 4096, (4096, 1), (1, 4096), (), ()))
+    assert not gemv_covers(GemmGeometry((), 1, 4096, 4096, (4096, 1), (4096, 1), (), ()))   # W stored [K, N]
+    assert not gemv_covers(GemmGeometry((8,), 1, 64, 64, (64, 1), (1, 64), (64,), (4096,)))
+    assert gemv_configs(GemmGeometry((), 4, 4096, 4096, (4096, 1), (1, 4096), (), ()))[0]["BLOCK_N"] == 8

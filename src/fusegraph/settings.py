@@ -102,6 +102,9 @@ _register("tune_gemm_pair_floor_us", int, lambda: 2,
 _register("gemm_library_max_m", int, lambda: 16,
           "On a GPU, GEMMs with at most this many rows (decode-step GEMVs streaming their weights) run in "
           "cuBLAS untimed (our kernels streamed weights slower there; isolated timing could not tell). 0: off.")
+_register("gemv_kernel", bool, lambda: True,
+          "GEMMs of at most 4 rows times a weight read along K (a decode "
+          "step's linear layers) run our weight-streaming GEMV kernel with the epilogue fused; off: cuBLAS.")
 _register("pad_align", bool, lambda: True,
           "Misaligned GEMM operands made inside a plan get padded row strides (passes/pad_align.py); off "
           "builds without the pass.")

@@ -43,6 +43,7 @@ SPLIT_K_MAX_M = 64          # split-K is a candidate for M <= this ...
 SPLIT_K_MIN_K = 512         # ... and K >= this (decode: M = batch, K = hidden)
 SPLIT_K_CANDIDATES = 3
 SPLIT_K_TARGET_WAVES = 2    # split until (tiles x splits) is about this many programs per SM
+GEMV_MAX_M = 4              # the weight-streaming GEMV kernel takes problems of at most this many rows
 
 
 @dataclass
@@ -174,6 +175,32 @@ def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS
             + split_k_configs(geometry, sms=sms, itemsize=itemsize))
 
 
+def gemv_covers(geometry: GemmGeometry) -> bool:
+    """The GEMV kernel (matmul.py write_gemv) covers a problem of one batch entry (after folding),
+    at most GEMV_MAX_M rows, whose B' is read along K (stride 1 there: nn.Linear's [N, K] weight).
+    A weight stored [K, N] would need split-K to spread over the GPU; it stays with the GEMM
+    kernels and cuBLAS."""
+    return (not geometry.batch and 1 <= geometry.m <= GEMV_MAX_M and geometry.b_strides[0] == 1
+            and geometry.n >= 1 and geometry.k >= 1)
+
+
+def gemv_configs(geometry: GemmGeometry) -> list[dict[str, Any]]:
+    """The GEMV's config (VARIANT "gemv"), by rule. One row of A': one weight row a program
+    (BLOCK_N 1) in runs of up to 1024 elements (2 KiB of bf16 per load: many bytes in flight per
+    thread); 8 warps when N is small (fewer programs, so more loads in flight each). With more rows
+    of A', 8 weight rows a program, so A' is re-read from L2 once per 8 weight rows, not per row.
+    From bench/gemv_gpu.py on an H200 (results/gemv_*.txt)."""
+    if not gemv_covers(geometry):
+        return []
+    bk = min(1024, max(16, next_pow2(geometry.k)))
+    bn = 1 if geometry.m == 1 else 8
+    warps = 8 if geometry.n <= 2048 else 4
+    if geometry.m > 1:
+        bk = min(bk, 256)
+    return [{"VARIANT": "gemv", "BLOCK_M": next_pow2(geometry.m), "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
+             "num_warps": warps, "num_stages": 1}]
+
+
 def small_problem(geometry: GemmGeometry, sms: int = SMS) -> bool:
     """True when 128x128 output tiles would leave some SMs without work."""
     return _cdiv(geometry.m, 128) * _cdiv(geometry.n, 128) * max(1, geometry.batch_numel) < sms
@@ -204,6 +231,10 @@ def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tu
         consts.update(NUM_PROGRAMS=programs, FLATTEN=bool(config.get("FLATTEN", True)),
                       WARP_SPECIALIZE=bool(config.get("WARP_SPECIALIZE", False)))
         grid: tuple[int, ...] = (programs, batch)
+    elif variant == "gemv":
+        for name in ("USE_TMA", "GROUP_M"):
+            consts.pop(name)
+        grid = (_cdiv(geometry.n, bn),)
     elif variant == "splitk":
         consts.pop("USE_TMA")
         consts.update(CHUNK_K=int(config["CHUNK_K"]))

@@ -33,6 +33,8 @@ from .gemm_configs import (  # noqa: F401
     gemm_candidates,
     gemm_configs,
     gemm_launch_parameters,
+    gemv_configs,
+    gemv_covers,
     persistent_configs,
     small_problem,
     split_k_configs,
@@ -165,6 +167,8 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
         "splitk": ((partial, finish), HEADER + _GemmWriter(group, partial).write_split_partial() + "\n\n"
                    + _GemmWriter(group, finish).write_split_finish()),
     }
+    if gemv_covers(tiled.geo):
+        variants["gemv"] = ((f"{name}_gemv",), HEADER + _GemmWriter(group, f"{name}_gemv").write_gemv())
     atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
                          variants=variants, atomic_max_outputs=atomic)
@@ -387,6 +391,52 @@ class _GemmWriter(_Writer):
             self._epilogue(indent + 1)
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
         return self._source(self._head(self._pointers(), consts))
+
+    def write_gemv(self) -> str:
+        """A weight-streaming GEMV (gemm_configs.gemv_covers: at most GEMV_MAX_M rows of A', B' read
+        along K): grid (cdiv(N, BLOCK_N),); a program streams BLOCK_N rows of the weight once, BLOCK_K
+        at a time, into one fp32 partial-product tile per row of A' (M is a literal, so the rows are
+        unrolled), and sums each over K at the end. No tl.dot: one decode row would use 1/16 of a
+        16-row MMA and add the operand staging. Rows past N wrap around (in bounds, never stored) so
+        the loads need no mask along N and stay vectorized."""
+        e, geo = self.emit, self.geo
+        pa, pb = (self.ptr[x.id] for x in self.gemm.matmul.inputs)
+        sam, sak = geo.a_strides
+        sbn = geo.b_strides[1]
+        e(f"M, N, K = {geo.m}, {geo.n}, {geo.k}")
+        e("pid_m = 0")
+        e("pid_n = tl.program_id(0)")
+        self._tile_index(1)
+        self._batch_setup(1)
+        e("rk = tl.arange(0, BLOCK_K)")
+        e("rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N")
+        e(f"b_ptrs = {pb} + {self.b_base} + rn[:, None] * {sbn} + rk[None, :]")
+        for i in range(geo.m):
+            e(f"a{i}_ptrs = {pa} + {self.a_base} + {i * sam} + rk * {sak}")
+            e(f"acc{i} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
+        e("for k0 in range(0, K, BLOCK_K):")
+        e("if EVEN_K:", 2)
+        e("b = tl.load(b_ptrs, eviction_policy=\"evict_first\")", 3)
+        for i in range(geo.m):
+            e(f"a{i} = tl.load(a{i}_ptrs)", 3)
+        e("else:", 2)
+        e("b = tl.load(b_ptrs, mask=rk[None, :] < K - k0, other=0.0, eviction_policy=\"evict_first\")", 3)
+        for i in range(geo.m):
+            e(f"a{i} = tl.load(a{i}_ptrs, mask=rk < K - k0, other=0.0)", 3)
+        e("b = b.to(tl.float32)", 2)
+        for i in range(geo.m):
+            e(f"acc{i} += b * a{i}.to(tl.float32)[None, :]", 2)
+            e(f"a{i}_ptrs += BLOCK_K * {sak}", 2)
+        e("b_ptrs += BLOCK_K", 2)
+        if geo.m == 1:
+            e("acc = tl.sum(acc0, axis=1)[None, :]")
+        else:  # the output tile, row by row (rows past M stay zero and are masked at the store)
+            e("rows = tl.arange(0, BLOCK_M)[:, None]")
+            e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+            for i in range(geo.m):
+                e(f"acc = tl.where(rows == {i}, tl.sum(acc{i}, axis=1)[None, :], acc)")
+        self._epilogue(1)
+        return self._source(self._head(self._pointers(), ["BLOCK_M", "BLOCK_N", "BLOCK_K", "EVEN_K"]))
 
     def write_split_partial(self) -> str:
         """Split-K, first kernel: grid (tiles, SPLITS, batch); program (t, s) multiplies the K chunk

@@ -1,0 +1,92 @@
+"""The Llama decode step (bench/targets_gpu.py's llama_decode, b1, KV 2048, bf16) under fusegraph
+reduce-overhead and torch.compile reduce-overhead: where one call's latency goes.
+
+For each: back-to-back device time, one call's latency (CUDA events, GPU idle before it), the host time
+of one call (perf_counter from the call to its return, GPU idle before it: everything the host does
+before and after launching the graph), the CUDA activity of one call, and (fusegraph) a cProfile of 20
+calls by own time and the plan's explain().
+
+    PYTHONPATH=src python bench/decode_host_gpu.py [--tag NAME] [--impls fusegraph,torch.compile]
+
+Output to stdout and $OUT/decode_host_<tag>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fusegraph as fg
+from fusegraph.perf.timing import call_latency, device_time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import targets_gpu as T
+from host_syncs_gpu import emit, host_profile
+from llama_blocks import LlamaDecodeBlock, LlamaSize
+from resnet_host_gpu import cuda_activity
+
+
+def host_time_us(call: Callable[[], Any], calls: int = 50) -> tuple[float, float]:
+    """(median, min) microseconds from a call to its return, the GPU idle before each."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times), min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tag", default="head")
+    parser.add_argument("--impls", default="fusegraph,torch.compile")
+    parser.add_argument("--rows", type=int, default=25)
+    args = parser.parse_args()
+    name = f"decode_host_{args.tag}.txt"
+    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
+    torch.manual_seed(0)
+    base = LlamaDecodeBlock(size).cuda()
+    with torch.no_grad():
+        base.k_cache.normal_()
+        base.v_cache.normal_()
+    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([size.seq - 1], device="cuda")
+    compilers: dict[str, Callable[[Any], Any]] = {
+        "fusegraph": lambda m: fg.compile(m, mode="reduce-overhead"),
+        "torch.compile": lambda m: torch.compile(m, mode="reduce-overhead")}
+    for impl in args.impls.split(","):
+        torch._dynamo.reset()
+        block = copy.deepcopy(base).to(torch.bfloat16)
+        step = T.DecodeStep(block, compilers[impl](block), x, pos)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        dev = device_time(step, calls=50, repeats=5, graph=False).ms
+        lat = call_latency(step)
+        med, low = host_time_us(step)
+        emit(f"== {args.tag} {impl} reduce-overhead: device back to back {dev:.4f} ms, latency {lat}, "
+             f"host per call {med:.1f} us (min {low:.1f})\n{cuda_activity(step)}", name)
+        if impl == "fusegraph":
+            emit(host_profile(step, args.rows, calls=20), name)
+            report = getattr(step.run, "fusegraph_report", None)
+            for graph in getattr(report, "graphs", []):
+                for part in graph.partitions:
+                    plan = part.plan
+                    emit(f"-- {graph.kind} {part.name}: {part.status} {part.reason}\n"
+                         f"{plan.explain() if plan is not None else ''}", name)
+        del step, block
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
