@@ -46,6 +46,47 @@ def host_time_us(call: Callable[[], Any], calls: int = 50) -> tuple[float, float
     return statistics.median(times), min(times)
 
 
+def host_breakdown(call: Callable[[], Any], calls: int = 50) -> str:
+    """Median host microseconds per call spent inside each layer of the fusegraph path (each layer
+    includes the ones below it): the partition module's forward (torch_partition.CompiledPartition),
+    Plan.run, and CUDAGraph.replay; the rest of the call is Dynamo, AOTAutograd's runtime wrappers
+    and the FX graph around the partition. Timed by wrapping each function with perf_counter."""
+    from fusegraph.frontends.torch_partition import CompiledPartition
+    from fusegraph.runtime.plan import Plan
+
+    spent: dict[str, float] = {}
+    layers = [("CompiledPartition.forward", CompiledPartition, "forward"), ("Plan.run", Plan, "run"),
+              ("CUDAGraph.replay", torch.cuda.CUDAGraph, "replay")]
+    originals = []
+    for label, cls, attr in layers:
+        original = getattr(cls, attr)
+        originals.append((cls, attr, original))
+
+        def wrapper(*a: Any, _f: Any = original, _label: str = label, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - start
+        setattr(cls, attr, wrapper)
+    rows: dict[str, list[float]] = {"whole call": []}
+    try:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            spent.clear()
+            start = time.perf_counter()
+            call()
+            rows["whole call"].append((time.perf_counter() - start) * 1e6)
+            for label, value in spent.items():
+                rows.setdefault(label, []).append(value * 1e6)
+    finally:
+        for cls, attr, original in originals:
+            setattr(cls, attr, original)
+        torch.cuda.synchronize()
+    return "host time per call by layer (median us; a replay captured before the wrapping is not seen): " + \
+        ", ".join(f"{label} {statistics.median(v):.1f}" for label, v in rows.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="head")
@@ -77,6 +118,7 @@ def main() -> None:
         emit(f"== {args.tag} {impl} reduce-overhead: device back to back {dev:.4f} ms, latency {lat}, "
              f"host per call {med:.1f} us (min {low:.1f})\n{cuda_activity(step)}", name)
         if impl == "fusegraph":
+            emit(host_breakdown(step), name)
             emit(host_profile(step, args.rows, calls=20), name)
             report = getattr(step.run, "fusegraph_report", None)
             for graph in getattr(report, "graphs", []):

@@ -211,3 +211,72 @@ def test_attention_kernels_compile_ahead_once_per_distinct_launch(monkeypatch: p
     monkeypatch.setattr(autotuner, "launch_bound", lambda floor: True)
     assert attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cuda") == []
     assert attention_kernel.attention_warmup_jobs(nodes["sdpa_backward"], "cpu") == []
+
+
+DECODE_CASES = [  # B, H, Hk, Sq, Sk, D, causal, mask kind
+    (1, 8, 2, 1, 300, 32, False, 0),    # GQA, one query: the decode step
+    (2, 4, 4, 2, 130, 16, False, 1),    # two queries (speculative), additive mask, no GQA
+    (1, 4, 1, 4, 77, 16, False, 2),     # bool mask with a row that sees no key (row 3: out 0, lse -inf)
+    (1, 2, 2, 4, 40, 16, True, 0),      # causal (top-left): query i sees keys 0..i
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_split_kv_decode_kernels_match_reference(case: tuple) -> None:
+    """codegen/attention.py's split-KV kernels (a program per kv head x chunk of keys, its GQA group's
+    query rows together, partials merged in chunk order) against the reference: out and lse, with
+    several chunks (the split count is forced up) and a chunk cut short by the end of the keys."""
+    from fusegraph.codegen.attention import decode_config
+
+    b, h, hk, sq, sk, d, causal, kind = case
+    xs = _inputs(b, h, hk, sq, sk, d, kind)
+    mask = xs[3] if kind else None
+    p = AttentionProblem(b, h, hk, sq, sk, d, d, causal, kind, 1 / math.sqrt(d), F16)
+    config = decode_config(p)
+    assert config is not None and config["VARIANT"] == "decode"
+    assert (config["SPLITS"] > 1) == (sk > config["BLOCK_N"])
+    assert (config["SPLITS"] - 1) * config["CHUNK"] < sk <= config["SPLITS"] * config["CHUNK"]
+    for cfg in (config, dict(config, CHUNK=48 if sk > 48 else 16, SPLITS=-(-sk // (48 if sk > 48 else 16)),
+                             BLOCK_N=16)):
+        out, lse = attention_forward(*xs[:3], mask, p, cfg)
+        attrs = {"is_causal": causal, "has_mask": kind != 0, "return_lse": True, "enable_gqa": True}
+        ref_out, ref_lse = _sdpa_math(xs, attrs)
+        assert_close(out, ref_out, what=f"decode out {cfg}")
+        assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
+        fin = torch.isfinite(ref_lse)
+        assert_close(lse[fin], ref_lse[fin], tol=1e-5, what="decode lse")
+    if kind == 2:
+        assert torch.all(out[0, :, 3] == 0)
+
+
+def test_decode_config_only_for_few_rows_per_kv_head() -> None:
+    """The split-KV kernels take GQA group x Sq <= DECODE_MAX_ROWS rows; the splits fill the GPU."""
+    from fusegraph.codegen.attention import DECODE_MAX_ROWS, decode_config
+
+    step = AttentionProblem(1, 32, 8, 1, 2048, 128, 128, False, 1, 0.1, torch.bfloat16)
+    cfg = decode_config(step)
+    assert cfg is not None and cfg["BLOCK_M"] == 16 and cfg["SPLITS"] * 8 >= 132
+    assert cfg["SPLITS"] * cfg["CHUNK"] >= 2048 and cfg["CHUNK"] % cfg["BLOCK_N"] == 0
+    prefill = AttentionProblem(1, 32, 8, DECODE_MAX_ROWS, 2048, 128, 128, True, 0, 0.1, torch.bfloat16)
+    assert decode_config(prefill) is None
+    big_batch = AttentionProblem(64, 32, 8, 1, 2048, 128, 128, False, 0, 0.1, torch.bfloat16)
+    assert decode_config(big_batch)["SPLITS"] == 1
+
+
+def test_decode_attention_through_build_takes_the_split_kv_kernels() -> None:
+    """A one-query GQA attention with an additive mask (a decode step) builds to the split-KV
+    candidate (listed first, as the launch-bound rule on a GPU takes it first) and matches the reference."""
+    g = fg.Graph(name="decode", compute_dtype="float32")
+    q = g.tensor((1, 8, 1, 32), dtype="float16", name="q")
+    k = g.tensor((1, 2, 200, 32), dtype="float16", name="k")
+    v = g.tensor((1, 2, 200, 32), dtype="float16", name="v")
+    m = g.tensor((1, 1, 1, 200), dtype="float16", name="m")
+    out = g.scaled_dot_product_attention(q, k, v, m, enable_gqa=True)
+    out.set_output()
+    plan = g.build(device="cpu")
+    (kernel,) = [k_ for k_ in plan.kernels if k_.kind == "attention"]
+    assert (kernel.backend, kernel.config["candidate"]) == ("triton", "triton:decode")
+    assert "attention_decode_partial" in kernel.source and "attention_decode_merge" in kernel.source
+    xs = {q: torch.randn(1, 8, 1, 32, dtype=F16), k: torch.randn(1, 2, 200, 32, dtype=F16),
+          v: torch.randn(1, 2, 200, 32, dtype=F16), m: torch.randn(1, 1, 1, 200, dtype=F16)}
+    assert_close(plan.execute(xs)[out], fg.reference(g).execute(xs)[out], what="decode attention")

@@ -20,6 +20,7 @@ from ..codegen.attention import (
     attention_forward,
     attention_supported,
     backward_calls,
+    decode_config,
     default_scale,
     forward_calls,
 )
@@ -63,6 +64,9 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     why = attention_supported(problem)
     candidates: dict[str, Any] = {}
     if why is None:
+        decode = None if backward else decode_config(problem, _sm_count(device))
+        if decode is not None:   # few query rows per kv head (a decode step): the split-KV kernels
+            candidates["triton:decode"] = _triton_forward(node, problem, decode)
         for config in distinct_configs(node, problem):
             label = "triton:" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
             candidates[label] = (_triton_backward if backward else _triton_forward)(node, problem, config)
@@ -84,7 +88,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         if why is not None:
             _debug(name, f"reference attention: {why}")
         if why is None and candidates:
-            kernel.backend, kernel.source = "triton", _triton_source(backward)
+            kernel.backend, kernel.source = "triton", _triton_source(backward, next(iter(candidates)))
         return kernel
     start = time.perf_counter()
     chosen = _choose(kernel, node, problem, candidates, device)
@@ -97,7 +101,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     kernel.launch = in_spec_strides(node, candidates[chosen])
     kernel.config = {"candidate": chosen}
     if chosen.startswith("triton"):
-        kernel.backend, kernel.source = "triton", _triton_source(backward)
+        kernel.backend, kernel.source = "triton", _triton_source(backward, chosen)
     else:
         kernel.backend = "cudnn" if "cudnn" in chosen else "torch"
         kernel.source = f"# torch.nn.functional.scaled_dot_product_attention, {chosen.split(':')[1]} backend"
@@ -184,10 +188,16 @@ def in_spec_strides(node: Node, launch: Any) -> Any:
     return launch_dense
 
 
-def _triton_source(backward: bool) -> str:
-    from ..codegen.attention import BACKWARD_SOURCE, FORWARD_SOURCE
+def _triton_source(backward: bool, label: str = "") -> str:
+    from ..codegen.attention import BACKWARD_SOURCE, DECODE_SOURCE, FORWARD_SOURCE
 
-    return BACKWARD_SOURCE if backward else FORWARD_SOURCE
+    return BACKWARD_SOURCE if backward else DECODE_SOURCE if label == "triton:decode" else FORWARD_SOURCE
+
+
+def _sm_count(device: str) -> int:
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return 132
+    return int(torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
 
 
 def _triton_forward(node: Node, p: AttentionProblem, config: dict[str, Any]) -> Any:
@@ -259,8 +269,9 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
             device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
     without a GPU; None when none runs. A launch-bound problem (tune/autotuner.py) takes the first
-    candidate that runs and agrees, torch's SDPA backends first (nothing to compile), without
-    compiling or timing the others. Recorded in kernel.tuning."""
+    candidate that runs and agrees, without compiling or timing the others: the split-KV decode
+    kernels when offered (made for this case: few query rows reading a whole KV cache), then torch's
+    SDPA backends (nothing to compile). Recorded in kernel.tuning."""
     from ..tune import Config, bench_ms, keys, tune
     from ..tune.autotuner import floor_ms_of, launch_bound, summary
 
@@ -271,8 +282,11 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
     args = _example_inputs(node, device)
     floor = floor_ms_of(kernel)
     if settings.autotune and launch_bound(floor) and keys.gpu_identity() is not None:
-        start = time.perf_counter()  # library kernels first: nothing to compile
-        ordered = sorted(labels, key=lambda label: not label.startswith("torch:"))  # stable
+        # the split-KV decode kernels (one config, made for this case), then library kernels: nothing to
+        # compile
+        start = time.perf_counter()
+        ordered = sorted(labels, key=lambda label: 0 if label == "triton:decode" else 1 if label.startswith("torch:")
+                         else 2)  # stable
         chosen = _first_that_runs(name, ordered, candidates, args)
         kernel.tuning = {"source": "launch-bound", "seconds": round(time.perf_counter() - start, 4),
                          "candidates": len(labels)}

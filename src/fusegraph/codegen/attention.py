@@ -229,6 +229,106 @@ def attention_bwd_dq(Q, K, V, Mask, DO, Lse, Delta, DQ,
 '''
 
 
+# Split-KV ("flash-decoding") forward for few query rows: a decode step's one query per head reads the
+# whole KV cache, and the forward kernel above gives it one program per (batch, head), too few to stream
+# the cache at full bandwidth. Here a program takes one kv head, all the query rows of its GQA group
+# (GROUP heads x SQ queries: ROWS rows, each KV tile loaded once for all of them) and one chunk of the
+# keys; partial outputs (unnormalized, fp32) with their row max and sum go to a workspace, and a second
+# kernel merges the chunks of each row in chunk order (the same result every run).
+DECODE_SOURCE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attention_decode_partial(Q, K, V, Mask, Pacc, Pml,
+                             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                             smb, smh, smm, smn, HK, SQ, SK, GROUP, ROWS, CHUNK, SPLITS, scale_log2,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                             HEAD_DV: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    split = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = (bk // HK).to(tl.int64)
+    hk = (bk % HK).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    h = hk * GROUP + rows // SQ            # the query head and query index of each row
+    m = rows % SQ
+    offs_d = tl.arange(0, HEAD_D)
+    offs_dv = tl.arange(0, HEAD_DV)
+    q = tl.load(Q + b * sqb + h[:, None] * sqh + m[:, None] * sqm + offs_d[None, :] * sqd, mask=row_ok[:, None],
+                other=0.0)
+    kb = b * skb + hk * skh
+    vb = b * svb + hk * svh
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, SK)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < hi
+        k = tl.load(K + kb + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=key_ok[None, :], other=0.0)
+        s = tl.dot(q, k) * scale_log2
+        valid = row_ok[:, None] & key_ok[None, :]
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= m[:, None])
+        if MASK_KIND == 1:
+            add = tl.load(Mask + b * smb + h[:, None] * smh + m[:, None] * smm + offs_n[None, :] * smn, mask=valid,
+                          other=0.0)
+            s = s + add.to(tl.float32) * 1.4426950408889634
+        if MASK_KIND == 2:
+            keep = tl.load(Mask + b * smb + h[:, None] * smh + m[:, None] * smm + offs_n[None, :] * smn, mask=valid,
+                           other=0)
+            valid = valid & (keep != 0)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    at = (bk.to(tl.int64) * SPLITS + split) * BLOCK_M + rows
+    tl.store(Pacc + at[:, None] * HEAD_DV + offs_dv[None, :], acc)
+    tl.store(Pml + at * 2, m_i)
+    tl.store(Pml + at * 2 + 1, l_i)
+
+
+@triton.jit
+def attention_decode_merge(Pacc, Pml, Out, Lse, sob, soh, som, sod, HK, SQ, GROUP, ROWS, SPLITS,
+                           BLOCK_M: tl.constexpr, HEAD_DV: tl.constexpr, SPLITS_P2: tl.constexpr):
+    bk = tl.program_id(0)
+    b = (bk // HK).to(tl.int64)
+    hk = (bk % HK).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    offs_dv = tl.arange(0, HEAD_DV)
+    splits = tl.arange(0, SPLITS_P2)
+    base = bk.to(tl.int64) * SPLITS * BLOCK_M
+    at = base + splits[:, None] * BLOCK_M + rows[None, :]
+    m_s = tl.load(Pml + at * 2, mask=splits[:, None] < SPLITS, other=float("-inf"))
+    m_max = tl.max(m_s, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    l_tot = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
+    for sp in range(0, SPLITS):
+        row_at = base + sp * BLOCK_M + rows
+        w = tl.math.exp2(tl.load(Pml + row_at * 2) - m_safe)
+        l_tot += w * tl.load(Pml + row_at * 2 + 1)
+        acc += w[:, None] * tl.load(Pacc + row_at[:, None] * HEAD_DV + offs_dv[None, :])
+    out = acc / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
+    h = hk * GROUP + rows // SQ
+    m = rows % SQ
+    tl.store(Out + b * sob + h[:, None] * soh + m[:, None] * som + offs_dv[None, :] * sod,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    lse = (m_max + tl.math.log2(l_tot)) * 0.6931471805599453
+    tl.store(Lse + (b * HK * GROUP + h) * SQ + m, lse, mask=row_ok)
+"""
+DECODE_MAX_ROWS = 64        # GQA group x query rows one split-KV program takes (its BLOCK_M)
+DECODE_TARGET_PROGRAMS = 264   # split the keys until (batch x kv heads x splits) is about 2 per SM
+
 @dataclass(frozen=True)
 class AttentionProblem:
     batch: int
@@ -249,6 +349,8 @@ def _kernel(source_name: str) -> Any:
     """The jitted kernel named `source_name`, loaded once per process."""
     if source_name == "attention_fwd":
         return load_triton_function(FORWARD_SOURCE, source_name)
+    if source_name.startswith("attention_decode"):
+        return load_triton_function(DECODE_SOURCE, source_name)
     return load_triton_function(BACKWARD_SOURCE, source_name)
 
 
@@ -275,6 +377,52 @@ def attention_configs(problem: AttentionProblem) -> list[dict[str, Any]]:
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+def decode_config(problem: AttentionProblem, sms: int = 132) -> dict[str, Any] | None:
+    """The split-KV kernels' config (VARIANT "decode") for a problem with few query rows per kv head
+    (GQA group x Sq <= DECODE_MAX_ROWS), else None: BLOCK_M the rows padded to >= 16 (tl.dot),
+    64-key tiles, keys split into SPLITS chunks (whole tiles) so that batch x kv heads x SPLITS is
+    about DECODE_TARGET_PROGRAMS (scaled to `sms`)."""
+    rows = problem.sq * (problem.heads // problem.kv_heads)
+    if rows > DECODE_MAX_ROWS:
+        return None
+    bn = 64 if problem.head_dim <= 128 else 32
+    tiles = -(-problem.sk // bn)
+    target = DECODE_TARGET_PROGRAMS * sms // 132
+    splits = max(1, min(tiles, -(-target // (problem.batch * problem.kv_heads))))
+    chunk = -(-tiles // splits) * bn
+    return {"VARIANT": "decode", "BLOCK_M": max(16, 1 << (rows - 1).bit_length()), "BLOCK_N": bn,
+            "SPLITS": -(-problem.sk // chunk), "CHUNK": chunk, "num_warps": 4, "num_stages": 2}
+
+
+def decode_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                 p: AttentionProblem, config: dict[str, Any], out_strides: tuple[int, ...] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[Call]]:
+    """(out, lse, the two launches that fill them) of the split-KV kernels: partials per (batch, kv
+    head, chunk of keys) into an fp32 workspace, then the merge per (batch, kv head)."""
+    shape = (p.batch, p.heads, p.sq, p.head_dim_v)
+    out = torch.empty(shape, dtype=q.dtype, device=q.device) if out_strides is None else \
+        torch.empty_strided(shape, out_strides, dtype=q.dtype, device=q.device)
+    lse = torch.empty((p.batch, p.heads, p.sq), dtype=torch.float32, device=q.device)
+    mask_t, ms = _mask_view(mask, p)
+    bm, bn, splits, chunk = (int(config[key]) for key in ("BLOCK_M", "BLOCK_N", "SPLITS", "CHUNK"))
+    group = p.heads // p.kv_heads
+    programs = p.batch * p.kv_heads
+    pacc = torch.empty((programs * splits * bm * p.head_dim_v,), dtype=torch.float32, device=q.device)
+    pml = torch.empty((programs * splits * bm * 2,), dtype=torch.float32, device=q.device)
+    common = (p.kv_heads, p.sq)
+    partial = (_kernel("attention_decode_partial"), (splits, programs),
+               (q, k, v, q if mask_t is None else mask_t, pacc, pml, *_strides4(q), *_strides4(k), *_strides4(v),
+                *ms, *common, p.sk, group, group * p.sq, chunk, splits, p.scale * LOG2E),
+               {"BLOCK_M": bm, "BLOCK_N": bn, "HEAD_D": p.head_dim, "HEAD_DV": p.head_dim_v, "CAUSAL": p.causal,
+                "MASK_KIND": p.mask_kind, "num_warps": int(config.get("num_warps", 4)),
+                "num_stages": int(config.get("num_stages", 2))})
+    merge = (_kernel("attention_decode_merge"), (programs,),
+             (pacc, pml, out, lse, *_strides4(out), *common, group, group * p.sq, splits),
+             {"BLOCK_M": bm, "HEAD_DV": p.head_dim_v, "SPLITS_P2": max(2, 1 << (splits - 1).bit_length()),
+              "num_warps": 4})
+    return out, lse, [partial, merge]
 
 
 def _strides4(t: torch.Tensor | None) -> tuple[int, int, int, int]:
@@ -322,7 +470,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
                       out_strides: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, Sq, Dv] in q's dtype, contiguous or in `out_strides`; lse [B, H, Sq] fp32) with
     the Triton forward kernel."""
-    out, lse, calls = forward_calls(q, k, v, mask, p, config, out_strides)
+    make = decode_calls if config.get("VARIANT") == "decode" else forward_calls
+    out, lse, calls = make(q, k, v, mask, p, config, out_strides)
     for fn, grid, args, consts in calls:
         fn[grid](*args, **consts)
     return out, lse
