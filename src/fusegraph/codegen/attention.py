@@ -268,7 +268,9 @@ def attention_decode_partial(Q, K, V, Mask, Pacc, Pml,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < hi
+        # both tiles requested before any math: their loads are in flight together
         k = tl.load(K + kb + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=key_ok[None, :], other=0.0)
+        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, k) * scale_log2
         valid = row_ok[:, None] & key_ok[None, :]
         if CAUSAL:
@@ -287,44 +289,39 @@ def attention_decode_partial(Q, K, V, Mask, Pacc, Pml,
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + vb + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=key_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    at = (bk.to(tl.int64) * SPLITS + split) * BLOCK_M + rows
-    tl.store(Pacc + at[:, None] * HEAD_DV + offs_dv[None, :], acc)
-    tl.store(Pml + at * 2, m_i)
-    tl.store(Pml + at * 2 + 1, l_i)
+    # only the group's rows (ROWS of the BLOCK_M) reach the workspace
+    at = (bk.to(tl.int64) * ROWS + rows) * SPLITS + split
+    tl.store(Pacc + at[:, None] * HEAD_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+    tl.store(Pml + at * 2, m_i, mask=row_ok)
+    tl.store(Pml + at * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
 def attention_decode_merge(Pacc, Pml, Out, Lse, sob, soh, som, sod, HK, SQ, GROUP, ROWS, SPLITS,
-                           BLOCK_M: tl.constexpr, HEAD_DV: tl.constexpr, SPLITS_P2: tl.constexpr):
+                           HEAD_DV: tl.constexpr, SPLITS_P2: tl.constexpr):
+    # one program per query row: its SPLITS partials loaded at once ([SPLITS, HEAD_DV] fp32)
     bk = tl.program_id(0)
+    row = tl.program_id(1)
     b = (bk // HK).to(tl.int64)
     hk = (bk % HK).to(tl.int64)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < ROWS
     offs_dv = tl.arange(0, HEAD_DV)
     splits = tl.arange(0, SPLITS_P2)
-    base = bk.to(tl.int64) * SPLITS * BLOCK_M
-    at = base + splits[:, None] * BLOCK_M + rows[None, :]
-    m_s = tl.load(Pml + at * 2, mask=splits[:, None] < SPLITS, other=float("-inf"))
+    ok = splits < SPLITS
+    at = (bk.to(tl.int64) * ROWS + row) * SPLITS + splits
+    m_s = tl.load(Pml + at * 2, mask=ok, other=float("-inf"))
+    l_s = tl.load(Pml + at * 2 + 1, mask=ok, other=0.0)
+    acc_s = tl.load(Pacc + at[:, None] * HEAD_DV + offs_dv[None, :], mask=ok[:, None], other=0.0)
     m_max = tl.max(m_s, 0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    l_tot = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
-    for sp in range(0, SPLITS):
-        row_at = base + sp * BLOCK_M + rows
-        w = tl.math.exp2(tl.load(Pml + row_at * 2) - m_safe)
-        l_tot += w * tl.load(Pml + row_at * 2 + 1)
-        acc += w[:, None] * tl.load(Pacc + row_at[:, None] * HEAD_DV + offs_dv[None, :])
-    out = acc / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
-    h = hk * GROUP + rows // SQ
-    m = rows % SQ
-    tl.store(Out + b * sob + h[:, None] * soh + m[:, None] * som + offs_dv[None, :] * sod,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    lse = (m_max + tl.math.log2(l_tot)) * 0.6931471805599453
-    tl.store(Lse + (b * HK * GROUP + h) * SQ + m, lse, mask=row_ok)
+    w = tl.math.exp2(m_s - m_safe)
+    l_tot = tl.sum(w * l_s, 0)
+    out = tl.sum(w[:, None] * acc_s, 0) / tl.where(l_tot > 0, l_tot, 1.0)
+    h = hk * GROUP + row // SQ
+    m = row % SQ
+    tl.store(Out + b * sob + h * soh + m * som + offs_dv * sod, out.to(Out.dtype.element_ty))
+    tl.store(Lse + (b * HK * GROUP + h) * SQ + m, (m_max + tl.math.log2(l_tot)) * 0.6931471805599453)
 """
 DECODE_MAX_ROWS = 64        # GQA group x query rows one split-KV program takes (its BLOCK_M)
 DECODE_TARGET_PROGRAMS = 264   # split the keys until (batch x kv heads x splits) is about 2 per SM
@@ -409,8 +406,9 @@ def decode_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     bm, bn, splits, chunk = (int(config[key]) for key in ("BLOCK_M", "BLOCK_N", "SPLITS", "CHUNK"))
     group = p.heads // p.kv_heads
     programs = p.batch * p.kv_heads
-    pacc = torch.empty((programs * splits * bm * p.head_dim_v,), dtype=torch.float32, device=q.device)
-    pml = torch.empty((programs * splits * bm * 2,), dtype=torch.float32, device=q.device)
+    rows = group * p.sq
+    pacc = torch.empty((programs * rows * splits * p.head_dim_v,), dtype=torch.float32, device=q.device)
+    pml = torch.empty((programs * rows * splits * 2,), dtype=torch.float32, device=q.device)
     common = (p.kv_heads, p.sq)
     partial = (_kernel("attention_decode_partial"), (splits, programs),
                (q, k, v, q if mask_t is None else mask_t, pacc, pml, *_strides4(q), *_strides4(k), *_strides4(v),
@@ -418,10 +416,9 @@ def decode_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
                {"BLOCK_M": bm, "BLOCK_N": bn, "HEAD_D": p.head_dim, "HEAD_DV": p.head_dim_v, "CAUSAL": p.causal,
                 "MASK_KIND": p.mask_kind, "num_warps": int(config.get("num_warps", 4)),
                 "num_stages": int(config.get("num_stages", 2))})
-    merge = (_kernel("attention_decode_merge"), (programs,),
+    merge = (_kernel("attention_decode_merge"), (programs, group * p.sq),
              (pacc, pml, out, lse, *_strides4(out), *common, group, group * p.sq, splits),
-             {"BLOCK_M": bm, "HEAD_DV": p.head_dim_v, "SPLITS_P2": max(2, 1 << (splits - 1).bit_length()),
-              "num_warps": 4})
+             {"HEAD_DV": p.head_dim_v, "SPLITS_P2": max(2, 1 << (splits - 1).bit_length()), "num_warps": 4})
     return out, lse, [partial, merge]
 
 
