@@ -390,7 +390,7 @@ def decode_config(problem: AttentionProblem, sms: int = 132) -> dict[str, Any] |
     splits = max(1, min(tiles, -(-target // (problem.batch * problem.kv_heads))))
     chunk = -(-tiles // splits) * bn
     return {"VARIANT": "decode", "BLOCK_M": max(16, 1 << (rows - 1).bit_length()), "BLOCK_N": bn,
-            "SPLITS": -(-problem.sk // chunk), "CHUNK": chunk, "num_warps": 4, "num_stages": 2}
+            "SPLITS": -(-problem.sk // chunk), "CHUNK": chunk, "num_warps": 4, "num_stages": 3}
 
 
 def decode_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -19,7 +19,7 @@ from ..ir.printer import format_plan
 from ..ir.spec import TensorSpec, contiguous_strides
 from ..settings import settings
 from .cuda_graph import GraphDecision, GraphRunner, check_graph_outputs, decide, log
-from .guards import check_inputs, resolve_feeds
+from .guards import FastInputCheck, check_inputs, resolve_feeds
 from .kernel import Kernel
 from .memory import MemoryPlan, plan_schedule
 
@@ -47,6 +47,7 @@ class Plan:
         self._expect = tuple((torch.Size(n.shape), n.spec.memory_strides, dtypes.to_torch(n.dtype))
                              for n in graph.inputs)
         self._cuda = torch.device(device).type == "cuda"
+        self._fast_check = FastInputCheck()   # the C++ guard in front of those checks, armed at the first call
         self._steps = tuple((self._launches.get(step, k.launch), ins, outs, frees)
                             for step, (k, ins, outs, frees) in enumerate(self._with_frees()))
         self._run_fast = self._compile_run()
@@ -139,7 +140,7 @@ class Plan:
         """The generated function's head: `def run(inputs):`, the input checks binding s0..s{n-1},
         and inputs of another signature sent to _other_signature (shared with the CUDA-graph replay)."""
         n_in = len(self._expect)
-        env: dict[str, Any] = {"other": self._other_signature, "CUDA": self._cuda}
+        env: dict[str, Any] = {"other": self._other_signature, "CUDA": self._cuda, "FAST": self._fast_check}
         lines = ["def run(inputs):", f"    if len(inputs) != {n_in}:", "        return other(inputs)"]
         if n_in:
             lines.append(f"    {', '.join(f's{i}' for i in range(n_in))}, = inputs")
@@ -148,8 +149,11 @@ class Plan:
                 env[f"S{i}"], env[f"T{i}"], env[f"D{i}"] = shape, strides, dtype
                 checks.append(f"s{i}.shape != S{i} or s{i}.dtype is not D{i} or s{i}.is_cuda is not CUDA "
                               f"or s{i}.stride() != T{i}")
-            lines += ["    try:", f"        if {' or '.join(checks)}:", "            return other(inputs)",
-                      "    except AttributeError:", "        return other(inputs)"]
+            # the C++ guard first (runtime/guards.FastInputCheck); what it rejects, the Python checks judge
+            lines += ["    try:", "        fast = FAST.check(*inputs)", "    except TypeError:", "        fast = False",
+                      "    if not fast:", "        try:", f"            if {' or '.join(checks)}:",
+                      "                return other(inputs)", "        except AttributeError:",
+                      "            return other(inputs)", "        if not FAST.armed:", "            FAST.arm(inputs)"]
         return lines, env
 
     def _with_frees(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
