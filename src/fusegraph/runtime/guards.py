@@ -86,8 +86,9 @@ class FastInputCheck:
 
             if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
                 return
-            guard = TensorGuards(*inputs, dynamic_dims_sizes=[list(t.shape) for t in inputs],
-                                 dynamic_dims_strides=[list(t.stride()) for t in inputs])
+            sizes: Any = [list(t.shape) for t in inputs]     # per input: every dim static
+            strides: Any = [list(t.stride()) for t in inputs]
+            guard = TensorGuards(*inputs, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
             if guard.check(*inputs):
                 self.check = guard.check
         except Exception:  # an internal API: where it differs, the Python checks do the work
