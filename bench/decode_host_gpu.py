@@ -87,6 +87,27 @@ def host_breakdown(call: Callable[[], Any], calls: int = 50) -> str:
         ", ".join(f"{label} {statistics.median(v):.1f}" for label, v in rows.items())
 
 
+def host_ops(call: Callable[[], Any], calls: int = 20, rows: int = 15) -> str:
+    """torch.profiler's CPU side of `calls` calls: host time per ATen op / CUDA runtime call, by total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return f"host ops over {calls} calls:\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=rows)
+
+
+def replay_source(run: Any) -> str:
+    out = []
+    for graph in getattr(getattr(run, "fusegraph_report", None), "graphs", []):
+        for part in graph.partitions:
+            runner = getattr(part.plan, "cuda_graph", None) if part.plan is not None else None
+            if runner is not None and runner.replay_source:
+                out.append(f"-- {part.name} per-call function:\n{runner.replay_source}")
+    return "\n".join(out)
+
+
 def replay_alone(run: Any, calls: int = 50) -> str:
     """Host microseconds of the captured graphs' replay() alone (GPU idle before each), per plan."""
     out = []
@@ -140,6 +161,8 @@ def main() -> None:
         if impl == "fusegraph":
             emit(host_breakdown(step), name)
             emit(replay_alone(step.run), name)
+            emit(host_ops(step), name)
+            emit(replay_source(step.run), name)
             emit(host_profile(step, args.rows, calls=20), name)
             report = getattr(step.run, "fusegraph_report", None)
             for graph in getattr(report, "graphs", []):
