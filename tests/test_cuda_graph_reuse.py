@@ -403,3 +403,24 @@ def test_reduce_overhead_inference_returns_captured_outputs_until_the_caller_kee
             assert_close(y, model(x))
         assert runner.live_calls >= 1 and runner.cloning
     torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_copy_returns_small_outputs_as_captured_buffers_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy plan tracks its small outputs like large ones (no clone per call: a launch of host time);
+    a caller keeping one sends that call kernel by kernel and the plan clones from then on."""
+    monkeypatch.setattr(cuda_graph, "SMALL_OUTPUT_BYTES", 1 << 20)   # every output of this block is small
+    plan, _ = block(graph_outputs="copy")
+    w = rand(16, 12)
+    plan(rand(8, 16), w)
+    runner = plan.cuda_graph
+    assert ".clone()" not in runner.replay_source and "USE(" in runner.replay_source
+    x = rand(8, 16)
+    y, _h = plan(x, w)
+    assert y.data_ptr() == runner.captured.static_outputs[0].data_ptr()
+    assert_close(y, eager(x, w)[0])
+    kept = y.clone()
+    x2 = rand(8, 16)
+    y2, _ = plan(x2, w)                                     # y held: kernel by kernel, then cloning
+    assert runner.live_calls == 1 and runner.cloning and torch.equal(y, kept)
+    assert_close(y2, eager(x2, w)[0])

@@ -35,13 +35,15 @@ Otherwise it stays kernel by kernel, and the note says so with the numbers.
 
 Outputs (graph_outputs): "copy" (the default) returns outputs the caller owns; "alias" returns the
 captured buffers themselves, which the next replay overwrites (the caller's promise to be done with
-them); "reuse" returns the captured buffers only while that is safe. A copy plan returns its large
+them); "reuse" returns the captured buffers only while that is safe. A copy plan returns its
 outputs as the captured buffers too, as long as the caller drops them before the next call (a use-count
-check before each replay, as for reuse): a clone would double them (the zoo's small Llama at batch 2:
-125 MiB of logits in the graph's pool plus 125 MiB cloned, eager's whole peak being 130 MiB). The first
-call that finds them still referenced runs kernel by kernel into fresh memory, and from then on that
-plan clones every output after its replay (keeping the check while the caller holds the earlier
-buffers): a caller that keeps outputs across calls pays one clone per call, as before.
+check before each replay, as for reuse): a clone would double a large one (the zoo's small Llama at
+batch 2: 125 MiB of logits in the graph's pool plus 125 MiB cloned, eager's whole peak being 130 MiB),
+and costs a small one a launch of host time (a decode step's 8 KiB hidden state: a clone took 17 us
+of the H200 host's ~110 us per call, bench/decode_host_gpu.py). The first call that finds them still
+referenced runs kernel by kernel into fresh memory, and from then on that plan clones every output
+after its replay (keeping the check while the caller holds the earlier buffers): a caller that keeps
+outputs across calls pays one clone per call, as before.
 
 For training graphs, whose forward returns every
 activation the backward saves (gigabytes: cloning them costs as much as the launches saved), a reuse
@@ -328,7 +330,8 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
                    alias_outputs: bool, name: str, moved: RunFn | None = None,
                    live: RunFn | None = None, plain: RunFn | None = None,
-                   held: Collection[int] | None = None, clone_all: bool = False) -> tuple[RunFn, str]:
+                   held: Collection[int] | None = None, clone_all: bool = False,
+                   track_all: bool = False) -> tuple[RunFn, str]:
     """The per-call path of a captured Plan as one generated function: the Plan's input guards
     (`guard_lines`, which bind s0..s{n-1} and send other signatures elsewhere), with `plain` a check
     that the caller is not capturing a CUDA graph of its own (a replay cannot be captured: such a call
@@ -339,7 +342,8 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
     outputs (cloned unless aliased; with `live`, fresh tensor objects on the captured buffers, whose
     references the next call's check counts, except small ones the caller may keep (`held`: their
     positions, None = all), which are cloned, and all of them cloned with `clone_all`, the check
-    kept). Returns the function and its source."""
+    kept; `track_all` (copy plans): small outputs are tracked like large ones, not cloned, since a
+    copy plan that finds one kept switches to `clone_all`). Returns the function and its source."""
     env = dict(env)
     env.update(REPLAY=captured.graph.replay, GRAD_ON=torch.is_grad_enabled, SET_GRAD=torch._C._set_grad_enabled)
     lines = list(guard_lines)
@@ -359,7 +363,7 @@ def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captu
                   "        return MOVED(inputs)"]
     checks = []
     tracked = {id(o) for j, o in enumerate(captured.static_outputs)
-               if _storage_bytes(o) > SMALL_OUTPUT_BYTES or (held is not None and j not in held)}
+               if track_all or _storage_bytes(o) > SMALL_OUTPUT_BYTES or (held is not None and j not in held)}
     if live is not None:
         env.update(LIVE=live, USE=torch._C._storage_Use_Count)
         for j, (cdata, _) in enumerate(output_storages([o for o in captured.static_outputs if id(o) in tracked])):
@@ -567,7 +571,7 @@ class GraphRunner:
         replay, self.replay_source = compile_replay(
             self.guard[0], self.guard[1], self.n_in, self.captured, self.outputs == "alias", self.name, self.moved,
             self.live if self.outputs != "alias" else None, self.in_callers_capture, self.held_outputs,
-            clone_all=self.cloning)
+            clone_all=self.cloning, track_all=self.outputs == "copy")
         return replay
 
     def _capture(self, inputs: Sequence[Any], by_reference: frozenset[int]) -> RunFn | None:

@@ -61,8 +61,10 @@ class Plan:
         """Decide whether this plan is replayed as one CUDA graph (runtime/cuda_graph.py has the
         rule); when it is, the first matching call runs kernel by kernel and then captures."""
         self.graph_outputs = outputs
+        # no plan clones its outputs per call while the caller drops them (a copy plan starts cloning only
+        # once a caller keeps one across calls): the estimate counts the input copies
         decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
-                          outputs != "copy", static_inputs=self.static_inputs)
+                          True, static_inputs=self.static_inputs)
         self.cuda_graph_note = decision.note
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
