@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import fusegraph as fg
-from fusegraph.perf.timing import device_time
+from fusegraph.perf.timing import call_latency, device_time
 from fusegraph.settings import override
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,9 +77,36 @@ def resnet(batch: int) -> tuple[Callable[[], Callable[[], Any]], Callable[[Any],
     return make, check
 
 
+def llama_decode() -> tuple[Callable[[], Callable[[], Any]], Callable[[Any], float]]:
+    """The decode step of targets_gpu's llama_decode (b1, KV cache 2048, bf16) under mode="reduce-overhead"."""
+    from llama_blocks import LlamaDecodeBlock, LlamaSize
+
+    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
+    torch.manual_seed(0)
+    base = LlamaDecodeBlock(size).cuda()
+    with torch.no_grad():
+        base.k_cache.normal_()
+        base.v_cache.normal_()
+    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([size.seq - 1], device="cuda")
+
+    def make() -> Callable[[], Any]:
+        block = copy.deepcopy(base).to(torch.bfloat16)
+        return T.DecodeStep(block, fg.compile(block, mode="reduce-overhead"), x, pos)
+
+    def check(step: Any) -> float:
+        for _ in range(3):   # the warm-up and the capture
+            step()
+        return float(step().float().norm())
+    return make, check
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
+    parser.add_argument("--workload", choices=("gpt2_train", "resnet50", "llama_decode"), default="gpt2_train")
+    parser.add_argument("--metric", choices=("device", "latency"), default="device",
+                        help="device: N back-to-back calls between CUDA events; latency: events around one call "
+                             "with the GPU idle before it (median of 50), what a decode loop waits for")
     parser.add_argument("--variant", action="append", required=True, help="NAME:SETTING=VALUE,... (repeat)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=10)
@@ -91,6 +118,8 @@ def main() -> int:
     variants = [parse_variant(v) for v in args.variant]
     if args.workload == "gpt2_train":
         make, check = gpt2_step(args.batch or 8)
+    elif args.workload == "llama_decode":
+        make, check = llama_decode()
     else:
         make, check = resnet(args.batch or 128)
     out = open(os.path.join(os.environ["OUT"], "ab.txt"), "a") if os.environ.get("OUT") else None  # noqa: SIM115
@@ -101,7 +130,7 @@ def main() -> int:
             out.write(text + "\n")
             out.flush()
 
-    say(f"== A/B {args.workload}: {', '.join(f'{n} {v}' for n, v in variants)}")
+    say(f"== A/B {args.workload} ({args.metric}): {', '.join(f'{n} {v}' for n, v in variants)}")
     fns: list[Callable[[], Any]] = []
     for name, values in variants:
         with override(**values):
@@ -115,7 +144,8 @@ def main() -> int:
     for r in range(args.rounds):
         for k, ((_name, values), fn) in enumerate(zip(variants, fns, strict=True)):
             with override(**values):   # a recompile (a guard change) builds under the same settings
-                samples[k].append(device_time(fn, calls=args.calls, repeats=1, graph=False).ms)
+                samples[k].append(call_latency(fn).ms if args.metric == "latency" else
+                                  device_time(fn, calls=args.calls, repeats=1, graph=False).ms)
         say(f"   round {r}: " + ", ".join(f"{n} {s[-1]:.3f}" for (n, _), s in zip(variants, samples, strict=True)))
     base_median = statistics.median(samples[0])
     say(f"\n   {'variant':24s} {'median ms':>10s} {'best ms':>9s} {'vs first':>9s}")

@@ -64,7 +64,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     why = attention_supported(problem)
     candidates: dict[str, Any] = {}
     if why is None:
-        decode = None if backward else decode_config(problem, _sm_count(device))
+        decode = None if backward or not settings.decode_attention else decode_config(problem, _sm_count(device))
         if decode is not None:   # few query rows per kv head (a decode step): the split-KV kernels
             candidates["triton:decode"] = _triton_forward(node, problem, decode)
         for config in distinct_configs(node, problem):
