@@ -264,8 +264,9 @@ def test_decode_config_only_for_few_rows_per_kv_head() -> None:
 
 
 def test_decode_attention_through_build_takes_the_split_kv_kernels() -> None:
-    """A one-query GQA attention with an additive mask (a decode step) builds to the split-KV
-    candidate (listed first, as the launch-bound rule on a GPU takes it first) and matches the reference."""
+    """A one-query GQA attention with an additive mask (a decode step) has the split-KV candidate,
+    listed first (what the interpreter runs; on a GPU the tuner or the launch-bound rule picks), and
+    it matches the reference."""
     g = fg.Graph(name="decode", compute_dtype="float32")
     q = g.tensor((1, 8, 1, 32), dtype="float16", name="q")
     k = g.tensor((1, 2, 200, 32), dtype="float16", name="k")

@@ -106,8 +106,9 @@ _register("gemv_kernel", bool, lambda: True,
           "GEMMs of at most 4 rows times a weight read along K (a decode "
           "step's linear layers) run our weight-streaming GEMV kernel with the epilogue fused; off: cuBLAS.")
 _register("decode_attention", bool, lambda: True,
-          "Attention with few query rows per kv head (a decode step) gets the split-KV kernels as its first "
-          "candidate (codegen/attention.py); off: the usual candidates.")
+          "Attention with few query rows per kv head (a decode step) gets the split-KV kernels among its "
+          "candidates (codegen/attention.py; timed against cuDNN where the problem is not launch-bound); off: "
+          "the usual candidates.")
 _register("pad_align", bool, lambda: True,
           "Misaligned GEMM operands made inside a plan get padded row strides (passes/pad_align.py); off "
           "builds without the pass.")

@@ -269,9 +269,8 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
             device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
     without a GPU; None when none runs. A launch-bound problem (tune/autotuner.py) takes the first
-    candidate that runs and agrees, without compiling or timing the others: the split-KV decode
-    kernels when offered (made for this case: few query rows reading a whole KV cache), then torch's
-    SDPA backends (nothing to compile). Recorded in kernel.tuning."""
+    candidate that runs and agrees, torch's SDPA backends first (nothing to compile), without
+    compiling or timing the others. Recorded in kernel.tuning."""
     from ..tune import Config, bench_ms, keys, tune
     from ..tune.autotuner import floor_ms_of, launch_bound, summary
 
@@ -282,11 +281,11 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
     args = _example_inputs(node, device)
     floor = floor_ms_of(kernel)
     if settings.autotune and launch_bound(floor) and keys.gpu_identity() is not None:
-        # the split-KV decode kernels (one config, made for this case), then library kernels: nothing to
-        # compile
+        # library kernels first: nothing to compile. (The split-KV decode kernels are not put first here:
+        # in the Llama decode step, KV 2048, they were no faster than cuDNN's one kernel, the merge's
+        # launch eating their gain: bench/ab_gpu.py --workload llama_decode, results/ab_decode_*.txt)
         start = time.perf_counter()
-        ordered = sorted(labels, key=lambda label: 0 if label == "triton:decode" else 1 if label.startswith("torch:")
-                         else 2)  # stable
+        ordered = sorted(labels, key=lambda label: not label.startswith("torch:"))  # stable
         chosen = _first_that_runs(name, ordered, candidates, args)
         kernel.tuning = {"source": "launch-bound", "seconds": round(time.perf_counter() - start, 4),
                          "candidates": len(labels)}
