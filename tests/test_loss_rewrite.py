@@ -149,6 +149,8 @@ def test_label_smoothing_matches_eager(captured: Captured, reduction: str) -> No
     assert aten._log_softmax.default not in captured.targets()
 
 
+# the log-sum-exp kernel reads a stored fp16 -> fp32 cast: generated, not run through the reference
+@pytest.mark.filterwarnings("error::fusegraph.lower.FusionFallbackWarning")
 @pytest.mark.parametrize("vocab", [1000, 1003])
 def test_float16_upcast_saves_half_logits_and_lse(captured: Captured, vocab: int) -> None:
     compiled = _check_training(LMHead(vocab).half(), *_data(vocab))

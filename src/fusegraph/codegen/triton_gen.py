@@ -109,7 +109,9 @@ class _Writer:
                 text = str(int(value))
             self.expr[entry.key] = f"float('{text}')" if text in ("inf", "-inf", "nan") else text
             return
-        if entry.kind == "view" or (_is_free_cast(entry.node) and not _narrows(entry.node)):
+        # a widening float cast computed here is its input's fp32 value; one loaded (a cast that
+        # another kernel stored: a boundary value) is read like any load
+        if entry.kind == "view" or (entry.kind == "op" and _is_free_cast(entry.node) and not _narrows(entry.node)):
             self.expr[entry.key] = self.expr[entry.args[0]]
             return
         if entry.kind == "gen":
