@@ -204,18 +204,35 @@ class Session:
     def _compile_static(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
 
-        split: dict[str, Any] = {}   # the forward's user outputs (the rest: activations saved for the backward)
-        backend = aot_autograd(fw_compiler=self._compiler("forward", split),
-                               bw_compiler=self._compiler("backward", split),
-                               inference_compiler=self._compiler("inference"),
-                               decompositions=decomposition_table(), partition_fn=partition_fn(split),
-                               **aot_autograd_options())   # inference graphs keep input mutations (copy_)
+        def backend(options: dict[str, Any]) -> Callable[..., Any]:
+            split: dict[str, Any] = {}   # the forward's user outputs (the rest: activations saved for the backward)
+            return aot_autograd(fw_compiler=self._compiler("forward", split),
+                                bw_compiler=self._compiler("backward", split),
+                                inference_compiler=self._compiler("inference"),
+                                decompositions=decomposition_table(), partition_fn=partition_fn(split),
+                                **options)
+
+        options = aot_autograd_options()   # inference graphs keep input mutations (copy_) in the graph
         try:
-            return backend(gm, example_inputs)
-        except Exception as err:  # AOTAutograd could not trace it: the whole graph runs in torch
-            self._warn_once("<graph>", f"fusegraph: AOTAutograd failed ({type(err).__name__}: {err}); "
-                                       "this graph runs eagerly in torch")
-            return gm.forward
+            return backend(options)(gm, example_inputs)
+        except Exception as err:
+            if not options:
+                return self._aot_failed(gm, err)
+            # torch 2.11-2.13 fail to keep a mutation in the graph when the graph also returns the mutated
+            # input ("Tried to erase Node copy_ but it still had 1 users"): AOTAutograd's wrapper applies
+            # the mutation after our plan instead (one copy), rather than the whole graph running in torch
+            log(f"AOTAutograd with input mutations kept in the graph failed ({type(err).__name__}: {err}); "
+                "retrying with the mutations applied by AOTAutograd")
+        try:
+            return backend({})(gm, example_inputs)
+        except Exception as err:
+            return self._aot_failed(gm, err)
+
+    def _aot_failed(self, gm: torch.fx.GraphModule, err: Exception) -> Callable[..., Any]:
+        """AOTAutograd could not trace the graph: it runs in torch, with one warning."""
+        self._warn_once("<graph>", f"fusegraph: AOTAutograd failed ({type(err).__name__}: {err}); "
+                                   "this graph runs eagerly in torch")
+        return gm.forward
 
     def _compiler(self, kind: str, split: dict[str, Any] | None = None
                   ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
