@@ -109,6 +109,10 @@ _register("decode_attention", bool, lambda: True,
           "Attention with few query rows per kv head (a decode step) gets the split-KV kernels among its "
           "candidates (codegen/attention.py; timed against cuDNN where the problem is not launch-bound); off: "
           "the usual candidates.")
+_register("pdl", bool, lambda: True,
+          "On Hopper and newer GPUs, generated kernels are launched with programmatic dependent launch: each may "
+          "be scheduled while the kernel before it finishes, waiting for its writes before touching memory "
+          "(hides the launch gap between kernels, in CUDA graphs too); off: plain launches.")
 _register("pad_align", bool, lambda: True,
           "Misaligned GEMM operands made inside a plan get padded row strides (passes/pad_align.py); off "
           "builds without the pass.")

@@ -36,6 +36,7 @@ from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import Cost, get_op
 from ..runtime.kernel import Kernel
+from ..runtime.launch import pdl_options
 from ..settings import settings
 from . import cublas
 
@@ -59,6 +60,8 @@ class GemmLaunch:
             load_triton_function(gen.variants[self.variant][1], kernel) for kernel in gen.variants[self.variant][0]]
         self.fn = self.fns[0]
         self.grid, self.constexprs, self.num_warps, self.num_stages = gemm_launch_parameters(gen.geometry, config)
+        pdl_consts, self.launch_options = pdl_options(device)   # programmatic dependent launch (Hopper)
+        self.constexprs.update(pdl_consts)
         self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in gen.outputs]
         self.atomic_max = gen.atomic_max_outputs
         self.device = torch.device(device)
@@ -66,6 +69,7 @@ class GemmLaunch:
         if self.variant == "splitk":
             geo = gen.geometry
             self.finish_grid, self.finish_constexprs = split_k_finish_grid(geo, config)
+            self.finish_constexprs.update(pdl_consts)
             self.workspace = int(config["SPLITS"]) * max(1, geo.batch_numel) * geo.m * geo.n
 
         self.uses_tma = bool(self.constexprs.get("USE_TMA", False))
@@ -87,7 +91,7 @@ class GemmLaunch:
         """Calls that make Triton compile this config's kernels without launching them (tune/precompile.py)."""
         def job() -> Any:
             return self.fn.warmup(*args, *self._outputs(), grid=self.grid, **self.constexprs,
-                                  num_warps=self.num_warps, num_stages=self.num_stages)
+                                  num_warps=self.num_warps, num_stages=self.num_stages, **self.launch_options)
 
         if self.variant != "splitk":
             return [job]
@@ -95,11 +99,11 @@ class GemmLaunch:
 
         def partial() -> Any:
             return self.fns[0].warmup(*args, ws, grid=self.grid, **self.constexprs, num_warps=self.num_warps,
-                                      num_stages=self.num_stages)
+                                      num_stages=self.num_stages, **self.launch_options)
 
         def finish() -> Any:
             return self.fns[1].warmup(*args, *self._outputs(), ws, grid=self.finish_grid, **self.finish_constexprs,
-                                      num_warps=4)
+                                      num_warps=4, **self.launch_options)
 
         return [partial, finish]
 
@@ -110,8 +114,10 @@ class GemmLaunch:
         outs = self._outputs()
         if self.variant == "splitk":
             ws = torch.empty(self.workspace, dtype=torch.float32, device=self.device)
-            self.fns[0][self.grid](*args, ws, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
-            self.fns[1][self.finish_grid](*args, *outs, ws, **self.finish_constexprs, num_warps=4)
+            self.fns[0][self.grid](*args, ws, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
+                                   **self.launch_options)
+            self.fns[1][self.finish_grid](*args, *outs, ws, **self.finish_constexprs, num_warps=4,
+                                          **self.launch_options)
             return self._finish(outs)
         consts = self.constexprs
         if self.uses_tma:
@@ -119,7 +125,8 @@ class GemmLaunch:
                 consts = dict(consts, USE_TMA=False)
             elif self.device.type == "cuda":
                 _set_tma_allocator()                   # this thread's (Triton's allocator is per thread)
-        self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages)
+        self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages,
+                           **self.launch_options)
         return self._finish(outs)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..codegen.compile import interpreting, load_triton_function, shared_kernel_text
+from ..runtime.launch import pdl_options
 from ..settings import settings
 
 log = logging.getLogger("fusegraph.backends")
@@ -127,10 +128,12 @@ def fused_warmup_jobs(group: Any, k: int, device: str, options: dict[str, Any], 
 
             outs = [torch.empty_strided(s, st, dtype=dtypes.to_torch(dt), device=device) for s, st, dt in out_specs]
             spaces = [torch.empty(shape, dtype=torch.float32, device=device) for shape in workspaces]
-            return fn.warmup(*args, *outs, *spaces, grid=grid, **constexprs, num_warps=warps)
+            return fn.warmup(*args, *outs, *spaces, grid=grid, **constexprs, **pdl_consts, num_warps=warps,
+                             **pdl_launch)
 
         return job
 
+    pdl_consts, pdl_launch = pdl_options(device)   # as runtime/launch.TritonLaunch adds them
     jobs = []
     for config in candidates:   # the launches as lower._launcher makes them: outputs, then workspaces
         grids, constexprs, warps = launch_parameters(gen, config)

@@ -9,7 +9,7 @@ stored by the partial kernel, for the rows each program walks."""
 from __future__ import annotations
 
 from ..fusion.partition import Domain, Entry
-from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, _ReductionWriter
+from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, _ReductionWriter, jit_head
 
 FILL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 CONSTEXPRS = ["ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2"]
@@ -34,7 +34,7 @@ class ColumnSplitWriter(_ReductionWriter):
         by_key = {e.key: e for e in self.group.entries}
 
         # stage 1: partials over a slice of CHUNK rows
-        self.lines = [f"@triton.jit\ndef {self.name}({signature}):"]
+        self.lines = [jit_head(self.name, signature)]
         self.emit(f"rows = tl.program_id(0){pid} * ROWS + tl.arange(0, ROWS)[None, :]")
         self.emit(f"rmask = rows < {rows}")
         for line in kept_lines:
@@ -82,7 +82,7 @@ class ColumnSplitWriter(_ReductionWriter):
         """The finish kernel: reduce each column's partials ws[split, column] in split order,
         then the per-column epilogue and stores. `tile` names the constexpr of the column tile."""
         rows = domain.kept_numel
-        self.lines = [f"@triton.jit\ndef {name}({signature}):"]
+        self.lines = [jit_head(name, signature)]
         self.expr = {}
         self.zero_index = "rows * 0"
         pid = ".to(tl.int64)" if self.wide else ""

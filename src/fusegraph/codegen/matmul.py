@@ -41,7 +41,7 @@ from .gemm_configs import (  # noqa: F401
     split_k_finish_grid,
     tile_cost,
 )
-from .triton_gen import HEADER, TL_DTYPE, _Writer
+from .triton_gen import HEADER, TL_DTYPE, _Writer, jit_head
 
 GEMM_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -233,7 +233,7 @@ class _GemmWriter(_Writer):
     # ---- pieces --------------------------------------------------------------------------------
 
     def _head(self, pointers: list[str], consts: list[str]) -> str:
-        return f"@triton.jit\ndef {self.name}({', '.join(pointers + [f'{c}: tl.constexpr' for c in consts])}):"
+        return jit_head(self.name, ", ".join(pointers + [f"{c}: tl.constexpr" for c in consts]))
 
     def _pointers(self, outputs: bool = True, workspace: bool = False) -> list[str]:
         out = [self.ptr[n.id] for n in self.kernel_inputs]

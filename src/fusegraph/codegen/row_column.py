@@ -18,6 +18,7 @@ from .triton_gen import (
     _index_vars,
     _one_hot_gathers,
     _shifted_exps,
+    jit_head,
     row_mask,
     whole_row_mask,
 )
@@ -53,7 +54,7 @@ class RowColumnWriter(ColumnSplitWriter):
         self.shifted_exps = _shifted_exps(row.entries)
         self.zero_index = "rows * 0"
 
-        self.lines = [f"@triton.jit\ndef {self.name}({signature}):"]
+        self.lines = [jit_head(self.name, signature)]
         kept_lines, dimvar = _index_vars(dom.shape, dom.kept, "rows", "k")
         red_lines, red_vars = _index_vars(dom.shape, dom.reduced, "cols", "j")
         dimvar.update(red_vars)

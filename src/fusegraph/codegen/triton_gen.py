@@ -28,6 +28,22 @@ TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bf
             "uint8": "tl.uint8", "bool": "tl.int1"}
 HEADER = ("import triton\nimport triton.language as tl\n"
           "from triton.language.extra import libdevice  # noqa: F401\n\n\n")
+# Programmatic dependent launch (Hopper and newer; runtime/launch.py pdl_enabled decides): a kernel
+# launched with it may be scheduled while the kernel before it in the stream is finishing. Its first act
+# is to wait for that kernel's writes (griddepcontrol.wait: nothing of ours touches memory before), then
+# to let the kernel after it be scheduled early in turn. With USE_PDL false (the default, and every
+# launch that does not ask for it) the lines compile away.
+PDL_PROLOGUE = ("    if USE_PDL:\n"
+                "        tl.extra.cuda.gdc_wait()\n"
+                "        tl.extra.cuda.gdc_launch_dependents()")
+
+
+def jit_head(name: str, params: str) -> str:
+    """`@triton.jit def name(params, USE_PDL=False):` and the PDL prologue: the head of every
+    generated kernel (pointwise, reductions, GEMMs)."""
+    return f"@triton.jit\ndef {name}({params}, USE_PDL: tl.constexpr = False):\n{PDL_PROLOGUE}"
+
+
 INT32_LIMIT = 2**31 - 1
 LOG2E = 1.4426950408889634
 SPLIT_MIN_EXTENT = 512    # column reductions at least this long are split across programs
@@ -243,7 +259,7 @@ class _PointwiseWriter(_Writer):
         if self._row_tiled(order):
             return self._write_both(order)
         self._write_flat(order)
-        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK'])}):"]
+        head = [jit_head(self.name, self.signature(['BLOCK']))]
         return GeneratedKernel(self.name, self.module(head + self.lines), "pointwise", self.inputs,
                                self.outputs, extent=math.prod(self.domain.shape))
 
@@ -263,7 +279,7 @@ class _PointwiseWriter(_Writer):
         flat_lines = self.lines
         shape = self.domain.shape
         numel, cols_n = math.prod(shape), shape[order[-1]]
-        head = [f"@triton.jit\ndef {self.name}({self.signature(['BLOCK', 'ROW_TILED'])}):",
+        head = [jit_head(self.name, self.signature(['BLOCK', 'ROW_TILED'])),
                 f"    # ROW_TILED: program p covers BLOCK columns of row p // cdiv({cols_n}, BLOCK); "
                 "else BLOCK elements of the flat domain"
                 + (" (2: per-row values of its <= 2 rows)" if segmented else "")]
@@ -500,7 +516,7 @@ class _ReductionWriter(_Writer):
         r_tile = "[None, :]" if self.column else "[:, None]"
         c_tile = "[:, None]" if self.column else "[None, :]"
         self.tile = "[BLOCK_C, ROWS]" if self.column else "[ROWS, BLOCK_C]"
-        head = [f"@triton.jit\ndef {self.name}({self.signature(['ROWS', 'BLOCK_C', 'SINGLE'])}):"]
+        head = [jit_head(self.name, self.signature(['ROWS', 'BLOCK_C', 'SINGLE']))]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
         self.emit(f"rmask = {row_mask(rows, 'ROWS')}")

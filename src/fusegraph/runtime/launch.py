@@ -9,6 +9,7 @@ straight to the compiled kernel's `run`, skipping the JIT's per-call argument bi
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,39 @@ import torch
 
 from ..ir import dtypes
 from ..ir.node import Node
+from ..settings import settings
+
+
+def pdl_enabled(device: str | torch.device) -> bool:
+    """Whether generated kernels on `device` are launched with programmatic dependent launch
+    (settings.pdl; codegen/triton_gen.py PDL_PROLOGUE): a CUDA GPU of compute capability >= 9 and a
+    Triton with griddepcontrol (tl.extra.cuda.gdc_wait), never under the interpreter. Such a launch
+    passes USE_PDL=True and launch_pdl=True (`pdl_options`)."""
+    from ..codegen.compile import interpreting
+
+    dev = torch.device(device)
+    if not settings.pdl or dev.type != "cuda" or interpreting() or not torch.cuda.is_available():
+        return False
+    return _pdl_supported(torch.cuda.current_device() if dev.index is None else dev.index)
+
+
+@functools.cache
+def _pdl_supported(index: int) -> bool:
+    try:
+        import triton.language as tl
+
+        has_gdc = hasattr(tl.extra.cuda, "gdc_wait")
+    except (ImportError, AttributeError):
+        return False
+    return has_gdc and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_options(device: str | torch.device) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(constexprs, launch options) a generated kernel's launch on `device` adds: USE_PDL and
+    launch_pdl when `pdl_enabled`, else nothing."""
+    if pdl_enabled(device):
+        return {"USE_PDL": True}, {"launch_pdl": True}
+    return {}, {}
 
 
 class TritonLaunch:
@@ -26,6 +60,8 @@ class TritonLaunch:
                  workspaces: Sequence[tuple[int, ...]] = ()) -> None:
         self.stages = list(stages)
         self.fn, self.grid = self.stages[0]
+        pdl_consts, self.launch_options = pdl_options(device)
+        constexprs = {**constexprs, **pdl_consts}
         self.constexprs = constexprs
         self.const_values = tuple(constexprs.values())
         self.num_warps = num_warps
@@ -62,7 +98,8 @@ class TritonLaunch:
                 run(*args, *buffers, *consts)
             return buffers[:len(self.out_specs)] if self.workspaces else buffers
         n_out = len(self.out_specs)
-        kernels = [fn[grid](*args, *buffers, **self.constexprs, num_warps=self.num_warps) for fn, grid in self.stages]
+        kernels = [fn[grid](*args, *buffers, **self.constexprs, num_warps=self.num_warps, **self.launch_options)
+                   for fn, grid in self.stages]
         if self.fast and all(k is not None for k in kernels):
             runners = [_direct_runner(k, grid) for k, (_, grid) in zip(kernels, self.stages, strict=True)]
             if all(r is not None for r in runners):
