@@ -79,16 +79,9 @@ def resnet(batch: int) -> tuple[Callable[[], Callable[[], Any]], Callable[[Any],
 
 def llama_decode() -> tuple[Callable[[], Callable[[], Any]], Callable[[Any], float]]:
     """The decode step of targets_gpu's llama_decode (b1, KV cache 2048, bf16) under mode="reduce-overhead"."""
-    from llama_blocks import LlamaDecodeBlock, LlamaSize
+    from llama_blocks import decode_setup
 
-    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
-    torch.manual_seed(0)
-    base = LlamaDecodeBlock(size).cuda()
-    with torch.no_grad():
-        base.k_cache.normal_()
-        base.v_cache.normal_()
-    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
-    pos = torch.tensor([size.seq - 1], device="cuda")
+    base, x, pos = decode_setup()
 
     def make() -> Callable[[], Any]:
         block = copy.deepcopy(base).to(torch.bfloat16)

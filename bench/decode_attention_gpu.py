@@ -24,19 +24,15 @@ from fusegraph.codegen.attention import AttentionProblem, attention_forward, dec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemv_gpu import graph_time
+from host_syncs_gpu import emit
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
 def main() -> None:
-    out = open(os.path.join(os.environ["OUT"], "decode_attention.txt"), "w") if os.environ.get("OUT") else None  # noqa: SIM115
-
     def say(line: str) -> None:
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        emit(line, "decode_attention.txt")
 
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; heads 32 / kv 8, head dim 128, bf16, "
         "additive mask [B, 1, 1, S]")
@@ -94,8 +90,6 @@ def main() -> None:
         ks.clear()
         vs.clear()
         torch.cuda.empty_cache()
-    if out:
-        out.close()
 
 
 if __name__ == "__main__":

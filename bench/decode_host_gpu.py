@@ -30,7 +30,7 @@ from fusegraph.perf.timing import call_latency, device_time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets_gpu as T
 from host_syncs_gpu import emit, host_profile
-from llama_blocks import LlamaDecodeBlock, LlamaSize
+from llama_blocks import decode_setup
 from resnet_host_gpu import cuda_activity
 
 
@@ -135,14 +135,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=25)
     args = parser.parse_args()
     name = f"decode_host_{args.tag}.txt"
-    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
-    torch.manual_seed(0)
-    base = LlamaDecodeBlock(size).cuda()
-    with torch.no_grad():
-        base.k_cache.normal_()
-        base.v_cache.normal_()
-    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
-    pos = torch.tensor([size.seq - 1], device="cuda")
+    base, x, pos = decode_setup()
     compilers: dict[str, Callable[[Any], Any]] = {
         "fusegraph": lambda m: fg.compile(m, mode="reduce-overhead"),
         "torch.compile": lambda m: torch.compile(m, mode="reduce-overhead")}

@@ -25,6 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_syncs_gpu import emit
+
 SHAPES = [("q", 4096, 4096), ("k", 4096, 1024), ("v", 4096, 1024), ("o", 4096, 4096),
           ("w1", 4096, 11008), ("w3", 4096, 11008), ("w2", 11008, 4096)]   # (name, K, N)
 
@@ -95,13 +98,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--top", type=int, default=4, help="configs shown per shape")
     args = parser.parse_args()
-    out = open(os.path.join(os.environ["OUT"], "gemv.txt"), "w") if os.environ.get("OUT") else None  # noqa: SIM115
 
     def say(line: str) -> None:
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        emit(line, "gemv.txt")
 
     say(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     torch.manual_seed(0)
@@ -162,8 +161,6 @@ def main() -> None:
         t = graph_time(fn, reps=1)
         say(f"streaming 7 GEMVs ({total / 1e6:.0f} MB, floor {total / 4.2e12 * 1e6:.1f} us): {label} {t * 1e3:.1f} us "
             f"({total / t / 1e9:.2f} TB/s)")
-    if out:
-        out.close()
 
 
 if __name__ == "__main__":

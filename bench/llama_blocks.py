@@ -163,6 +163,23 @@ class LlamaDecodeBlock(LlamaBlock):
         return x + self.mlp(self.ffn_norm(x))
 
 
+DECODE_SIZE = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
+
+
+def decode_setup(size: LlamaSize = DECODE_SIZE, device: str = "cuda"
+                 ) -> tuple[LlamaDecodeBlock, torch.Tensor, torch.Tensor]:
+    """The decode benchmarks' block (fp32, random weights, seed 0) with its KV cache full of random
+    earlier tokens, one bf16 input token x, and pos = the cache's last slot (attention reads every
+    position): what bench/targets_gpu.py, ab_gpu.py, decode_host_gpu.py and profile_targets_gpu.py time."""
+    torch.manual_seed(0)
+    base = LlamaDecodeBlock(size).to(device)
+    with torch.no_grad():
+        base.k_cache.normal_()
+        base.v_cache.normal_()
+    x = torch.randn(size.batch, 1, size.dim, device=device, dtype=torch.bfloat16)
+    return base, x, torch.tensor([size.seq - 1], device=device)
+
+
 def llama_prefill_graph(block: LlamaBlock, size: LlamaSize, dtype: torch.dtype,
                         device: str) -> tuple[fg.Graph, list[torch.Tensor]]:
     """The prefill block through the Graph API; returns the graph and its feeds after (x, cos, sin):

@@ -28,7 +28,7 @@ from fusegraph.perf.timing import device_time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets_gpu as T
-from llama_blocks import LlamaDecodeBlock, LlamaSize
+from llama_blocks import DECODE_SIZE, decode_setup
 
 
 def kernel_table(fn: Callable[[], Any], rows: int) -> str:
@@ -173,15 +173,8 @@ def gpt2_train(rows: int, batch: int) -> None:
 
 
 def llama_decode(rows: int) -> None:
-    size = LlamaSize(batch=1, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=11008)
-    torch.manual_seed(0)
-    base = LlamaDecodeBlock(size).cuda()
-    with torch.no_grad():
-        base.k_cache.normal_()
-        base.v_cache.normal_()
-    x = torch.randn(1, 1, size.dim, device="cuda", dtype=torch.bfloat16)
-    pos = torch.tensor([size.seq - 1], device="cuda")
-    print(f"\n== Llama decode step {size}, bf16")
+    base, x, pos = decode_setup()
+    print(f"\n== Llama decode step {DECODE_SIZE}, bf16")
     impls: list[tuple[str, Callable[[Any], Any]]] = [
         ("torch.compile reduce-overhead", lambda m: torch.compile(m, mode="reduce-overhead")),
         ("torch.compile", torch.compile),
