@@ -774,3 +774,30 @@ def test_host_to_device_copy_is_supported_other_mixed_device_ops_are_not():
     assert reasons["copy of a CPU scalar"] is None and reasons["copy of a CPU input"] is None
     assert "several devices" in str(reasons["copy of a CPU intermediate"])
     assert "several devices" in str(reasons["mul by a CPU scalar"])
+
+
+def test_backend_calls_partitions_without_module_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend hands AOTAutograd the partitioned graph's code as a plain function
+    (torch_partition.direct_call): partitions run through their forward, never nn.Module.__call__;
+    with settings.direct_call off, the GraphModule itself (same results)."""
+    from fusegraph.frontends import torch_partition
+
+    def no_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a partition was called through nn.Module.__call__")
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = rand(3, 8)
+    want = model(x)
+    torch._dynamo.reset()
+    compiled = fg.compile(model)
+    with torch.no_grad():
+        compiled(x)                                      # build
+        monkeypatch.setattr(torch_partition.CompiledPartition, "__call__", no_module_call)
+        assert_close(compiled(x), want)
+        monkeypatch.undo()
+        torch._dynamo.reset()
+        with override(direct_call=False):
+            other = fg.compile(model)
+            assert_close(other(x), want)
+    torch._dynamo.reset()

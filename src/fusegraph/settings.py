@@ -113,6 +113,9 @@ _register("pdl", bool, lambda: True,
           "On Hopper and newer GPUs, generated kernels are launched with programmatic dependent launch: each may "
           "be scheduled while the kernel before it finishes, waiting for its writes before touching memory "
           "(hides the launch gap between kernels, in CUDA graphs too); off: plain launches.")
+_register("direct_call", bool, lambda: True,
+          "The torch backend hands AOTAutograd the partitioned graph's code as a plain function calling each "
+          "partition's forward (no nn.Module.__call__ per call); off: the FX GraphModule itself.")
 _register("pad_align", bool, lambda: True,
           "Misaligned GEMM operands made inside a plan get padded row strides (passes/pad_align.py); off "
           "builds without the pass.")

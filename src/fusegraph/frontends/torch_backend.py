@@ -45,7 +45,7 @@ from .input_mutation import aot_autograd_options
 from .loss_rewrite import rewrite_log_softmax_for_backward
 from .saved_recompute import recompute_saved_pointwise
 from .torch_ops import native_ops
-from .torch_partition import GraphRecord, partition_graph, warn_fallback
+from .torch_partition import GraphRecord, direct_call, partition_graph, warn_fallback
 
 MODES = ("default", "max-performance", "reduce-overhead")
 # Options passed on to Graph.build (see compiler.compile_graph).
@@ -269,7 +269,7 @@ class Session:
                 warn_fallback(f"fusegraph: {len(new_ops)} op(s) run eagerly in torch: {listed}")
             log(f"{kind} graph: {len(record.partitions)} fusegraph partition(s), "
                 f"{sum(record.fallbacks.values())} eager op(s)")
-            return make_boxed_func(split_gm)
+            return make_boxed_func(direct_call(split_gm) if settings.direct_call else split_gm)
         return compile_aten
 
     def _build_options(self, kind: str = "inference") -> dict[str, Any]:
