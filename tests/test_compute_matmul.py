@@ -322,6 +322,8 @@ def test_decode_gemv_kernel_with_fused_epilogue(rows: int, dtype: str) -> None:
         plan, got, ref = _run(g, [x, w, b, r], tensors, y)
     assert plan.kernels[0].config.get("VARIANT", "tiled") != "gemv"
     assert_close(got, ref, what=f"gemm {rows} rows {dtype}")
+    explicit = g.build(device="cpu", gemm_variant="tiled")   # an explicit variant wins over the rule
+    assert explicit.kernels[0].config.get("VARIANT", "tiled") == "tiled"
 
 
 def test_gemv_covers_only_few_rows_of_a_weight_read_along_k() -> None:

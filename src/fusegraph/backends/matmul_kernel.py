@@ -179,9 +179,10 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
                    library: Any, reference_launch: Any, variant: str | None = None,
                    own: cublas.OwnEpilogue | None = None) -> Kernel:
-    """`variant` (build option gemm_variant: "tiled", "persistent" or "splitk"): only that kind's
-    candidates (and cuBLAS) are considered; none of that kind: the usual candidates. `own`: the
-    epilogue cuBLAS computes itself (the library candidate is one launch)."""
+    """`variant` (build option gemm_variant: "tiled", "persistent", "splitk" or "gemv"): only that kind's
+    candidates (and cuBLAS) are considered; none of that kind: the usual candidates. Without one, a
+    GEMM the GEMV kernel covers takes it by rule (`_gemv_rule`). `own`: the epilogue cuBLAS computes
+    itself (the library candidate is one launch)."""
     identity = not group.epilogue_nodes or own is not None
     described = cublas.describe(group, own)
     why = gemm_supported(group)
@@ -194,7 +195,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         kernel.note = "cuBLAS: settings.gemm_backend='cublas'" + ("" if identity else " (epilogue as a second launch)")
         return kernel
     gen = generate_gemm(group, name)
-    gemv = _gemv_rule(gen)
+    gemv = _gemv_rule(gen) if variant in (None, "gemv") else []   # an explicit gemm_variant wins
     if not gemv and device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
         kernel.config, kernel.tuning = {"backend": "cublas"}, {"source": "rule", "seconds": 0.0, "candidates": 1}
         kernel.note = (f"cuBLAS: {gen.geometry.m} row(s) <= gemm_library_max_m, a weight-streaming GEMV"
