@@ -3,7 +3,8 @@ costs per call, apart from the kernels (which run through the torch reference he
 
 A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile under each variant of
 the `direct_call` setting, the variants timed in alternation: per round, 3000 calls each, microseconds
-per call; the table gives the median over rounds.
+per call; the table gives the median over rounds. Then a 16-input plan called directly, with the
+input check's C++ guard (runtime/guards.FastInputCheck) and with the Python checks alone.
 
     PYTHONPATH=src python bench/host_call_cpu.py [--rounds 5]
 """
@@ -51,6 +52,40 @@ def main() -> None:
     for name, samples in times.items():
         print(f"{name:18s} {statistics.median(samples):7.1f} us per call (rounds: "
               f"{', '.join(f'{t:.1f}' for t in samples)})")
+    input_checks(args.rounds, args.calls)
+
+
+def input_checks(rounds: int, calls: int) -> None:
+    """The input check alone of a plan of 16 inputs (the head of its per-call function, runtime/plan.py
+    _guard_source, run up to where the kernels would start): with its C++ guard armed
+    (runtime/guards.FastInputCheck) and with the Python checks alone, in alternation."""
+    from fusegraph.runtime.guards import FastInputCheck
+
+    g = fg.Graph(name="sixteen_inputs")
+    handles = [g.tensor((4, 8), dtype="float32", name=f"x{i}") for i in range(16)]
+    total = handles[0]
+    for h in handles[1:]:
+        total = g.add(total, h)
+    total.set_output()
+    plan = g.build(device="cpu")
+    xs = [torch.randn(4, 8) for _ in handles]
+    plan(*xs)   # arms the C++ guard
+    lines, env = plan._guard_source()
+    env = dict(env)
+    exec(compile("\n".join([*lines, "    return None"]), "<input checks>", "exec"), env)
+    check_only = env["run"]
+    armed = plan._fast_check.check
+    times: dict[str, list[float]] = {"C++ guard": [], "Python checks": []}
+    for _ in range(rounds):
+        for name, check in (("C++ guard", armed), ("Python checks", FastInputCheck._never)):
+            plan._fast_check.check = check
+            start = time.perf_counter()
+            for _ in range(calls):
+                check_only(xs)
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    plan._fast_check.check = armed
+    for name, samples in times.items():
+        print(f"input checks of a 16-input plan, {name:14s} {statistics.median(samples):6.2f} us per call")
 
 
 if __name__ == "__main__":
