@@ -601,9 +601,9 @@ class _Direct:
 def direct_call(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """gm's forward as a plain function, what the backend hands AOTAutograd: the FX code of gm run with
     its CompiledPartition children called through their `forward`, so that a call pays no
-    nn.Module.__call__ (the GraphModule's own ~4 us and ~2 us per partition on this machine's CPU; a
-    decode step's whole call is ~140 us of host time on the H200's). Other children (and constants)
-    are gm's own."""
+    nn.Module.__call__ (4-7 us per call of a small MLP on this machine's CPU, bench/host_call_cpu.py;
+    a decode step's whole call is ~140 us of host time on the H200's). Other children (and
+    constants) are gm's own."""
     code = gm.graph.python_code(root_module="self")
     env = dict(code.globals)
     exec(compile(code.src, f"<{type(gm).__name__} direct forward>", "exec"), env)
