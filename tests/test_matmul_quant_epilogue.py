@@ -150,3 +150,25 @@ def test_candidate_check_tolerates_rare_off_by_one_int8_codes() -> None:
         check_same([far], [want], "far")
     fp8 = torch.randn(32, 32).to(torch.float8_e4m3fn)
     check_same([fp8], [fp8.clone()], "fp8")
+
+
+def test_quantize_epilogue_in_the_gemv_kernel() -> None:
+    """Two rows times an nn.Linear weight (a decode step) take the GEMV kernel, whose epilogue
+    quantizes and folds the tile's max into the amax like the other variants."""
+    g = fg.Graph(name="qgemv", compute_dtype="float32")
+    x = g.tensor((2, 300), dtype="float16", name="x")
+    w = g.tensor((40, 300), dtype="float16", name="w")
+    s = g.tensor((), dtype="float32", name="s")
+    y = g.mul(g.linear(x, w), 0.5)
+    q, _ = g.quantize(y, "int8", scale=s)
+    amax = g.max(g.abs(y))
+    q.set_output()
+    amax.set_output()
+    feeds = {x: torch.randn(2, 300, dtype=torch.float16), w: torch.randn(40, 300, dtype=torch.float16) / 4,
+             s: torch.tensor(0.05)}
+    plan = g.build(device="cpu")
+    (kernel,) = [k for k in plan.kernels if k.kind == "matmul"]
+    assert kernel.config["VARIANT"] == "gemv" and "tl.atomic_max" in kernel.source
+    got, want = plan.execute(feeds), fg.reference(g).execute(feeds)
+    _int8_close(got[q], want[q])
+    _amax_close(got[amax], want[amax])
