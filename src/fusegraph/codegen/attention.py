@@ -324,7 +324,11 @@ def attention_decode_merge(Pacc, Pml, Out, Lse, sob, soh, som, sod, HK, SQ, GROU
     tl.store(Lse + (b * HK * GROUP + h) * SQ + m, (m_max + tl.math.log2(l_tot)) * 0.6931471805599453)
 """
 DECODE_MAX_ROWS = 64        # GQA group x query rows one split-KV program takes (its BLOCK_M)
-DECODE_TARGET_PROGRAMS = 264   # split the keys until (batch x kv heads x splits) is about 2 per SM
+# split the keys until (batch x kv heads x splits) is about one per SM: in the H200 sweep
+# (bench/results/decode_attention_20261201_1803.txt), with 64-key tiles and 3 stages, 14.8, 23.1, 69.0
+# and 67.5 us at (batch, keys) = (1, 8k), (8, 2k), (8, 8k), (32, 2k), against 16.8, 24.6, 78.6 and 75.9
+# with two programs per SM and 2 stages (the first default)
+DECODE_TARGET_PROGRAMS = 132
 
 @dataclass(frozen=True)
 class AttentionProblem:
@@ -379,8 +383,8 @@ def attention_configs(problem: AttentionProblem) -> list[dict[str, Any]]:
 def decode_config(problem: AttentionProblem, sms: int = 132) -> dict[str, Any] | None:
     """The split-KV kernels' config (VARIANT "decode") for a problem with few query rows per kv head
     (GQA group x Sq <= DECODE_MAX_ROWS), else None: BLOCK_M the rows padded to >= 16 (tl.dot),
-    64-key tiles, keys split into SPLITS chunks (whole tiles) so that batch x kv heads x SPLITS is
-    about DECODE_TARGET_PROGRAMS (scaled to `sms`)."""
+    64-key tiles, 3 stages, keys split into SPLITS chunks (whole tiles) so that batch x kv heads x
+    SPLITS is about DECODE_TARGET_PROGRAMS (scaled to `sms`)."""
     rows = problem.sq * (problem.heads // problem.kv_heads)
     if rows > DECODE_MAX_ROWS:
         return None
