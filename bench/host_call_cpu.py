@@ -1,9 +1,11 @@
 """Host time of one call through torch.compile(backend=fusegraph), on the CPU: what the backend's glue
 costs per call, apart from the kernels (which run through the torch reference here).
 
-A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile under each variant of
-the `direct_call` setting, the variants timed in alternation: per round, 3000 calls each, microseconds
-per call; the table gives the median over rounds. Then a 16-input plan called directly, with the
+A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile three ways: the
+partitioned graph called as a plain function (`direct_call`) with each partition's generated glue
+(torch_partition.CompiledPartition._compile_glue), the plain function without the generated glue, and
+neither (the FX GraphModule and the interpreted glue); timed in alternation: per round, 3000 calls each,
+microseconds per call; the table gives the median over rounds. Then a 16-input plan called directly, with the
 input check's C++ guard (runtime/guards.FastInputCheck) and with the Python checks alone.
 
     PYTHONPATH=src python bench/host_call_cpu.py [--rounds 5]
@@ -32,12 +34,23 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
     x = torch.randn(2, 8)
-    variants = {"direct_call on": True, "direct_call off": False}
+    from fusegraph.frontends.torch_partition import CompiledPartition
+
+    # (direct_call setting, the partitions' generated glue): the glue is turned off by building with
+    # CompiledPartition._compile_glue patched to give none (then forward interprets `_run`)
+    variants = {"direct call + glue": (True, True), "direct call only": (True, False),
+                "neither": (False, False)}
     compiled = {}
-    for name, on in variants.items():
-        with override(direct_call=on), torch.no_grad():
-            fn = fg.compile(model)
-            fn(x)   # compiles under this variant's setting
+    original = CompiledPartition._compile_glue
+    for name, (direct, glue) in variants.items():
+        try:
+            if not glue:
+                CompiledPartition._compile_glue = lambda self: None  # type: ignore[method-assign]
+            with override(direct_call=direct), torch.no_grad():
+                fn = fg.compile(model)
+                fn(x)   # compiles under this variant's settings
+        finally:
+            CompiledPartition._compile_glue = original  # type: ignore[method-assign]
         compiled[name] = fn
     times: dict[str, list[float]] = {name: [] for name in variants}
     with torch.no_grad():

@@ -801,3 +801,36 @@ def test_backend_calls_partitions_without_module_call(monkeypatch: pytest.Monkey
             other = fg.compile(model)
             assert_close(other(x), want)
     torch._dynamo.reset()
+
+
+def test_partition_glue_is_generated_and_a_failing_plan_falls_back(built_partitions: list[Any]) -> None:
+    """A built partition calls its plan through generated glue (CompiledPartition._compile_glue):
+    outputs that are an input, a view of an input and computed values come back right, in the
+    traced strides; a plan that raises at a call sends that partition to torch, with a warning."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        z = torch.relu(x @ y) + 1
+        return z, x, x.t(), z.t().contiguous() * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="fusegraph")
+    x, y = rand(4, 6), rand(6, 5)
+    got = compiled(x, y)
+    (part,) = [p for p in built_partitions if p.record.status == "fusegraph"]
+    assert part._fast is not None
+    for g_, w_ in zip(got, f(x, y), strict=True):
+        assert g_.shape == w_.shape and g_.stride() == w_.stride()
+        assert_close(g_, w_)
+    assert got[1] is x
+
+    def broken(inputs: Any) -> Any:
+        raise RuntimeError("a kernel failed at launch")
+
+    part.plan.run = broken                      # this plan's run from now on (an instance attribute)
+    part._fast = part._compile_glue()           # the glue binds the plan's run when it is generated
+    with pytest.warns(FallbackWarning, match="run failed"):
+        again = compiled(x, y)
+    assert part._fast is None and part.record.status == "eager"
+    for g_, w_ in zip(again, f(x, y), strict=True):
+        assert_close(g_, w_)
+    torch._dynamo.reset()

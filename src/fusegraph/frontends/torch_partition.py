@@ -245,6 +245,7 @@ class CompiledPartition(torch.nn.Module):
         self._out_vals: list[Any] = []
         # settings.profile_ranges: the partition's calls show as one torch.profiler range
         self._range = f"fg:partition:{record.name}" if settings.profile_ranges else None
+        self._fast: Callable[[Sequence[Any]], Any] | None = None   # the generated per-call glue (_compile_glue)
         try:
             self._build(input_vals, build_options)
             kernels: list[Any] = self.plan.kernels if self.plan is not None else []
@@ -253,12 +254,15 @@ class CompiledPartition(torch.nn.Module):
             record.kernel_ops = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for k in launched]
             record.views = len(kernels) - len(launched)
             record.plan_ref = weakref.ref(self.plan) if self.plan is not None else None
+            if self.plan is not None and self._range is None:
+                self._fast = self._compile_glue()
         except Exception as err:  # any translation or build failure: this partition runs in torch
             if settings.debug >= 2:
                 traceback.print_exc()
             self._fall_back(f"build failed: {type(err).__name__}: {err}")
 
     def _fall_back(self, reason: str) -> None:
+        self._fast = None
         self.plan = None
         self.record.plan_ref = None
         self.record.status, self.record.reason = "eager", reason
@@ -392,6 +396,9 @@ class CompiledPartition(torch.nn.Module):
                         self._out_vals[at] = None
 
     def forward(self, *args: Any) -> Any:
+        fast = self._fast
+        if fast is not None:
+            return fast(args)
         if self.record.status != "fusegraph":
             return self.eager(*args)
         if self._range is not None:
@@ -405,8 +412,7 @@ class CompiledPartition(torch.nn.Module):
                          for i in self._plan_inputs]
             results = self.plan.run(plan_args) if self.plan is not None else []
         except Exception as err:  # a kernel that fails at its first launch (e.g. Triton compile error)
-            self._fall_back(f"run failed: {type(err).__name__}: {err}")
-            return self.eager(*args)
+            return self._run_failed(err, args)
         if self._range is not None:   # settings.profile_ranges: the glue's steps named apart
             with torch.profiler.record_function("fg:glue:views and placeholders"):
                 outs = self._outs(args, results)
@@ -415,6 +421,46 @@ class CompiledPartition(torch.nn.Module):
         else:
             outs = [_with_strides(o, v) for o, v in zip(self._outs(args, results), self._out_vals, strict=True)]
         return outs[0] if self._single else tuple(outs)
+
+    def _compile_glue(self) -> Callable[[Sequence[Any]], Any]:
+        """`_run` as one generated function for this partition: the plan's inputs picked by position,
+        each output taken from where it comes (a plan result, an input, a view replayed on an input,
+        a placeholder) with no per-call dispatch over kinds, and restrided only when its strides
+        differ from the traced ones (`_with_strides`, the same rule)."""
+        env: dict[str, Any] = {"RUN": self.plan.run, "FAILED": self._run_failed, "DEV": self._device,
+                               "WS": _with_strides, "REPLAY": _replay, "PH": self._placeholder}
+        picks = ", ".join(f"args[{i}].to(device=DEV, non_blocking=True)" if i in self._to_device else f"args[{i}]"
+                          for i in self._plan_inputs)
+        lines = ["def run(args):", "    try:", f"        r = RUN([{picks}])", "    except Exception as err:",
+                 "        return FAILED(err, args)"]
+        names = []
+        for k, ((kind, i), val) in enumerate(zip(self._outputs, self._out_vals, strict=True)):
+            if kind == "input":
+                expr = f"args[{i}]"
+            elif kind == "plan":
+                expr = f"r[{i}]"
+            elif kind == "view":
+                env[f"VIEW{k}"] = self._views[i]
+                expr = f"REPLAY(VIEW{k}, args)"
+            else:
+                env[f"VAL{k}"] = self._out_vals[i]
+                expr = f"PH(VAL{k}, args)"
+            lines.append(f"    o{k} = {expr}")
+            if isinstance(val, torch.Tensor) and val.dim() > 0:
+                env[f"T{k}"], env[f"V{k}"] = tuple(val.stride()), val
+                lines += [f"    if o{k}.stride() != T{k}:", f"        o{k} = WS(o{k}, V{k})"]
+            names.append(f"o{k}")
+        if self._single:
+            lines.append(f"    return {names[0]}")
+        else:
+            lines.append(f"    return ({', '.join(names)},)" if names else "    return ()")
+        exec(compile("\n".join(lines), f"<partition {self.record.name} glue>", "exec"), env)
+        return env["run"]  # type: ignore[no-any-return]
+
+    def _run_failed(self, err: Exception, args: Sequence[Any]) -> Any:
+        """A plan call that raised (a kernel failing at its first launch): this partition runs in torch."""
+        self._fall_back(f"run failed: {type(err).__name__}: {err}")
+        return self.eager(*args)
 
     def _outs(self, args: Sequence[Any], results: Sequence[Any]) -> list[Any]:
         return [args[i] if kind == "input" else results[i] if kind == "plan" else _replay(self._views[i], args)
