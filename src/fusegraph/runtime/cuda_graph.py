@@ -590,7 +590,7 @@ class GraphRunner:
         if self.chained_inputs:
             in_place += f", {len(self.chained_inputs)} input(s) read in place from another plan's captured outputs"
         outputs = {"copy": "outputs are the captured buffers while the caller holds none of the previous call's, "
-                           "clones once it does (small ones always cloned)",
+                           "clones once it does",
                    "alias": "outputs alias the captured buffers",
                    "reuse": "outputs are the captured buffers while the caller holds none of the previous call's"}
         when = "second" if self.outputs == "reuse" else "first"
