@@ -183,6 +183,7 @@ class _GemmWriter(_Writer):
         super().__init__(group.epilogue, name)
         self.gemm = group
         self.geo = fold_batch(gemm_geometry(group.matmul))
+        self.pid_n = "pid_n"   # the epilogue tile's column-block index (_tile_index)
         self.kernel_inputs = group.inputs
         self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.kernel_inputs)}
         self.zero_index = "zero_m"
@@ -258,6 +259,7 @@ class _GemmWriter(_Writer):
     def _tile_index(self, indent: int, suffix: str = "") -> None:
         """The output tile's row/column indices and masks, as the epilogue reads them."""
         e = self.emit
+        self.pid_n = f"pid_n{suffix}"
         e(f"offs_m = (pid_m{suffix} * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]", indent)
         e(f"offs_n = (pid_n{suffix} * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]", indent)
         e("mask_m = offs_m < M", indent)
@@ -311,7 +313,25 @@ class _GemmWriter(_Writer):
 
     def _epilogue(self, indent: int) -> None:
         """The claimed pointwise expressions on the fp32 accumulator tile, then the only stores (each
-        value cast once, to its output's dtype)."""
+        value cast once, to its output's dtype). When N is not a multiple of 16 (a 50257-wide vocab),
+        `offs_n < N` varies element by element, which makes Triton store (and load) the whole tile in
+        scalars; so the epilogue is written twice: tiles that end inside N drop the column mask (their
+        stores into 16-byte-aligned rows, e.g. padded logits, become vectors), the edge tile keeps it."""
+        if self.geo.n % 16 == 0:
+            self._epilogue_body(indent)
+            return
+        start = len(self.lines)
+        self._epilogue_body(indent + 1)
+        body = self.lines[start:]
+        del self.lines[start:]
+        self.emit(f"if {self.pid_n} * BLOCK_N + BLOCK_N <= N:   # no column past N in this tile", indent)
+        self.emit("mask_n = tl.full([1, BLOCK_N], 1, tl.int1)", indent + 1)
+        self.emit("mask = mask_m & mask_n", indent + 1)
+        self.lines += body
+        self.emit("else:", indent)
+        self.lines += body
+
+    def _epilogue_body(self, indent: int) -> None:
         mm = self.gemm.matmul
         if mm.dtype in ("float16", "bfloat16"):  # the product is a 16-bit value, as in the reference
             self.emit(f"acc_out = acc.to({TL_DTYPE[mm.dtype]}).to(tl.float32)", indent)

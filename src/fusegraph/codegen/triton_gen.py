@@ -455,8 +455,8 @@ class _PointwiseWriter(_Writer):
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"pid = {pid}")
         self.emit(f"row = pid // (({cols_n} + BLOCK - 1) // BLOCK)")
-        self.emit(f"cols = (pid % (({cols_n} + BLOCK - 1) // BLOCK)) * BLOCK + tl.arange(0, BLOCK)")
-        self.emit(f"mask = cols < {cols_n}")
+        self.emit(f"c0 = (pid % (({cols_n} + BLOCK - 1) // BLOCK)) * BLOCK")
+        self.emit("cols = c0 + tl.arange(0, BLOCK)")
         self.emit(f"offs = row * {cols_n} + cols")
         self.zero_index = "cols * 0"
         index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
@@ -464,6 +464,7 @@ class _PointwiseWriter(_Writer):
         for line in index_lines:
             self.emit(line)
         contiguous = strides_for_order(shape, order)
+        start = len(self.lines)
         for e in self.group.entries:
             if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
                 # one value per row (or per kernel): a scalar load, in range for every program
@@ -471,6 +472,20 @@ class _PointwiseWriter(_Writer):
             else:
                 self._dense_load_or_value(e, contiguous, dimvar)
         self._store_rows(contiguous, dimvar)
+        if cols_n % 16 == 0:
+            self.lines.insert(start, f"    mask = cols < {cols_n}")
+            return
+        # an odd row (a 50257-wide vocab): `cols < C` varies element by element, which makes Triton
+        # load and store the whole block in scalars; blocks that end inside the row take no mask (their
+        # accesses to 16-byte-aligned rows, e.g. padded ones, become vectors), the row's last block does
+        body = ["    " + line for line in self.lines[start:]]
+        del self.lines[start:]
+        self.emit(f"if c0 + BLOCK <= {cols_n}:")
+        self.emit("mask = tl.full([BLOCK], 1, tl.int1)", 2)
+        self.lines += body
+        self.emit("else:")
+        self.emit(f"mask = cols < {cols_n}", 2)
+        self.lines += body
 
     def _plain_load(self, e: Entry, rest: str) -> None:
         """`e = tl.load(ptr{rest})`, upcast to fp32 for floats."""
@@ -640,9 +655,16 @@ class _ReductionWriter(_Writer):
                 if e.kind == "reduce":
                     fill = {"sum": "0.0", "max": ninf, "min": "float('inf')"}[_combine(e)]
                     self.emit(f"acc_{e.key} = tl.full({self.tile}, {fill}, tl.float32)", 2)
-            self.emit(f"for c0 in range(0, {cols}, BLOCK_C):", 2)
+            # a row reduction over an odd row (a 50257-wide vocab): `cols < C` varies element by
+            # element, which makes Triton load in scalars; full chunks take only the row mask (loads
+            # from 16-byte-aligned rows become vectors), one tail chunk after them the column mask
+            tail = not self.column and cols % 16 != 0
+            loop_end = f"{cols} - {cols} % BLOCK_C" if tail else str(cols)
+            self.emit(f"for c0 in range(0, {loop_end}, BLOCK_C):", 2)
+            start = len(self.lines)
             self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
-            self.emit(f"mask = rmask & (cols < {cols})", 3)
+            self.emit(f"mask = rmask & (cols < {cols})" if not tail else
+                      "mask = rmask & tl.full([1, BLOCK_C], 1, tl.int1)", 3)
             for line in red_lines:
                 self.emit(line, 3)
             needed = _full_ancestors([t for t in targets if t.key not in online], by_key)
@@ -671,6 +693,13 @@ class _ReductionWriter(_Writer):
                 else:
                     fn = "tl.maximum" if combine == "max" else "tl.minimum"
                     self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 3)
+            if tail:   # the same body once more, on the last partial chunk
+                body = self.lines[start + 2:]
+                self.emit(f"if {cols} % BLOCK_C != 0:", 2)
+                self.emit(f"c0 = {cols} - {cols} % BLOCK_C", 3)
+                self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
+                self.emit(f"mask = rmask & (cols < {cols})", 3)
+                self.lines += body
             self.expr = saved  # values of the loop body are not visible after it
             for e in targets:
                 if e.kind == "reduce" and e.key not in online:
