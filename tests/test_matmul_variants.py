@@ -70,7 +70,7 @@ def test_persistent_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) 
 
 
 def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
-    g, _, _ = _mlp_graph(40, 72, 48)
+    g, _, _ = _mlp_graph(40, 64, 48)
     gen = generate_gemm(_group(g), "persistent_source")
     names, source = gen.variants["persistent"]
     assert names == ("persistent_source_persistent",)
@@ -79,6 +79,16 @@ def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
     assert len(loops) == 2                                              # TMA and pointer paths
     for loop in loops:                                                  # gelu and the only store, per tile
         assert "tl.dot" in loop and "tl.sigmoid" in loop and loop.count("tl.store(") == 1
+
+
+def test_persistent_epilogue_over_an_odd_n_has_a_masked_body_for_flatten() -> None:
+    """N = 72 is not a multiple of 16: the epilogue is written for FLATTEN (masked: Triton cannot
+    flatten a loop holding a branch), for tiles inside the output (constant masks) and for edge tiles."""
+    g, _, _ = _mlp_graph(40, 72, 48)
+    source = generate_gemm(_group(g), "odd_n").variants["persistent"][1]
+    for loop in source.split("for tile in tl.range")[1:]:
+        assert loop.count("tl.store(") == 3 and loop.count("tl.sigmoid") == 3
+        assert "if FLATTEN:" in loop and "elif (pid_n_c * BLOCK_N + BLOCK_N <= N) & (pid_m_c * BLOCK_M" in loop
 
 
 def test_persistent_launch_grid_is_capped_at_the_programs() -> None:

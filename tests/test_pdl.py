@@ -38,7 +38,7 @@ def test_every_generated_kernel_starts_with_the_pdl_prologue() -> None:
 
 
 def test_pdl_is_off_on_cpu_and_under_the_interpreter() -> None:
-    assert not pdl_enabled("cpu") and pdl_options("cpu") == ({}, {})
+    assert not pdl_enabled("cpu") and pdl_options("cpu") == ({"USE_PDL": False}, {})
     assert not pdl_enabled("cuda")   # the interpreter (or no GPU) in CI
     with override(pdl=False):
         assert not pdl_enabled("cuda")

@@ -183,7 +183,7 @@ class _GemmWriter(_Writer):
         super().__init__(group.epilogue, name)
         self.gemm = group
         self.geo = fold_batch(gemm_geometry(group.matmul))
-        self.pid_n = "pid_n"   # the epilogue tile's column-block index (_tile_index)
+        self.pid_m, self.pid_n = "pid_m", "pid_n"   # the epilogue tile's block indices (_tile_index)
         self.kernel_inputs = group.inputs
         self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.kernel_inputs)}
         self.zero_index = "zero_m"
@@ -259,7 +259,7 @@ class _GemmWriter(_Writer):
     def _tile_index(self, indent: int, suffix: str = "") -> None:
         """The output tile's row/column indices and masks, as the epilogue reads them."""
         e = self.emit
-        self.pid_n = f"pid_n{suffix}"
+        self.pid_m, self.pid_n = f"pid_m{suffix}", f"pid_n{suffix}"
         e(f"offs_m = (pid_m{suffix} * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]", indent)
         e(f"offs_n = (pid_n{suffix} * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]", indent)
         e("mask_m = offs_m < M", indent)
@@ -311,12 +311,13 @@ class _GemmWriter(_Writer):
         e(f"a_ptrs += BLOCK_K * {sak}", indent + 1)
         e(f"b_ptrs += BLOCK_K * {sbk}", indent + 1)
 
-    def _epilogue(self, indent: int) -> None:
+    def _epilogue(self, indent: int, flatten: bool = False) -> None:
         """The claimed pointwise expressions on the fp32 accumulator tile, then the only stores (each
         value cast once, to its output's dtype). When N is not a multiple of 16 (a 50257-wide vocab),
         `offs_n < N` varies element by element, which makes Triton store (and load) the whole tile in
-        scalars; so the epilogue is written twice: tiles that end inside N drop the column mask (their
-        stores into 16-byte-aligned rows, e.g. padded logits, become vectors), the edge tile keeps it."""
+        scalars; so the epilogue is written twice: tiles wholly inside the output take constant masks
+        (their stores into 16-byte-aligned rows, e.g. padded logits, become vectors), edge tiles the real
+        ones. A persistent kernel run with FLATTEN keeps only the masked body (see below)."""
         if self.geo.n % 16 == 0:
             self._epilogue_body(indent)
             return
@@ -324,9 +325,16 @@ class _GemmWriter(_Writer):
         self._epilogue_body(indent + 1)
         body = self.lines[start:]
         del self.lines[start:]
-        self.emit(f"if {self.pid_n} * BLOCK_N + BLOCK_N <= N:   # no column past N in this tile", indent)
+        if flatten:   # Triton cannot flatten a persistent loop holding a branch: one masked body there
+            self.emit("if FLATTEN:", indent)
+            self.lines += body
+        full = f"({self.pid_n} * BLOCK_N + BLOCK_N <= N) & ({self.pid_m} * BLOCK_M + BLOCK_M <= M)"
+        # a whole tile inside the output: constant masks, which Triton drops (a row mask it keeps would
+        # still make it store in scalars when the other branch masks by column)
+        self.emit(f"{'elif' if flatten else 'if'} {full}:", indent)
+        self.emit("mask_m = tl.full([BLOCK_M, 1], 1, tl.int1)", indent + 1)
         self.emit("mask_n = tl.full([1, BLOCK_N], 1, tl.int1)", indent + 1)
-        self.emit("mask = mask_m & mask_n", indent + 1)
+        self.emit("mask = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)", indent + 1)
         self.lines += body
         self.emit("else:", indent)
         self.lines += body
@@ -408,7 +416,7 @@ class _GemmWriter(_Writer):
             e("tile_c += NUM_PROGRAMS", indent + 1)
             self._tile_of("tile_c", indent + 1, suffix="_c")
             self._tile_index(indent + 1, suffix="_c")
-            self._epilogue(indent + 1)
+            self._epilogue(indent + 1, flatten=True)
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
         return self._source(self._head(self._pointers(), consts))
 

@@ -46,10 +46,12 @@ def _pdl_supported(index: int) -> bool:
 
 def pdl_options(device: str | torch.device) -> tuple[dict[str, Any], dict[str, Any]]:
     """(constexprs, launch options) a generated kernel's launch on `device` adds: USE_PDL and
-    launch_pdl when `pdl_enabled`, else nothing."""
+    launch_pdl when `pdl_enabled`, else USE_PDL false. The constexpr is always given: the direct
+    launch path passes every constexpr by position, and a missing last one (its default left to the
+    JIT) made it launch with the arguments misplaced."""
     if pdl_enabled(device):
         return {"USE_PDL": True}, {"launch_pdl": True}
-    return {}, {}
+    return {"USE_PDL": False}, {}
 
 
 class TritonLaunch:
