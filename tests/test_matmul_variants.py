@@ -78,17 +78,20 @@ def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
     loops = source.split("for tile in tl.range")[1:]
     assert len(loops) == 2                                              # TMA and pointer paths
     for loop in loops:                                                  # gelu and the only store, per tile
-        assert "tl.dot" in loop and "tl.sigmoid" in loop and loop.count("tl.store(") == 1
+        assert "tl.dot" in loop and "tl.sigmoid" in loop and loop.count("tl.store(") + loop.count("_desc.store(") == 1
+    assert "out0_desc.store(" in loops[0]                                # the TMA path stores through TMA too
 
 
 def test_persistent_epilogue_over_an_odd_n_has_a_masked_body_for_flatten() -> None:
-    """N = 72 is not a multiple of 16: the epilogue is written for FLATTEN (masked: Triton cannot
-    flatten a loop holding a branch), for tiles inside the output (constant masks) and for edge tiles."""
+    """N = 72 is not a multiple of 16: on the pointer path the epilogue is written for FLATTEN (masked:
+    Triton cannot flatten a loop holding a branch), for tiles inside the output (constant masks) and for
+    edge tiles; the TMA path stores through a descriptor (no masks) in one body."""
     g, _, _ = _mlp_graph(40, 72, 48)
     source = generate_gemm(_group(g), "odd_n").variants["persistent"][1]
-    for loop in source.split("for tile in tl.range")[1:]:
-        assert loop.count("tl.store(") == 3 and loop.count("tl.sigmoid") == 3
-        assert "if FLATTEN:" in loop and "elif (pid_n_c * BLOCK_N + BLOCK_N <= N) & (pid_m_c * BLOCK_M" in loop
+    tma, pointers = source.split("for tile in tl.range")[1:]
+    assert tma.count("out0_desc.store(") == 1 and "tl.store(" not in tma and "if FLATTEN:" not in tma
+    assert pointers.count("tl.store(") == 3 and pointers.count("tl.sigmoid") == 3
+    assert "if FLATTEN:" in pointers and "elif (pid_n_c * BLOCK_N + BLOCK_N <= N) & (pid_m_c * BLOCK_M" in pointers
 
 
 def test_persistent_launch_grid_is_capped_at_the_programs() -> None:

@@ -177,9 +177,11 @@ def test_row_reduction_over_padded_rows_loads_16_byte_vectors(monkeypatch: pytes
     assert any(o.startswith("ld.global") for o in _vector_ops(ptx)), ptx[-2000:]
 
 
-def test_gemm_into_padded_rows_stores_16_byte_vectors(tmp_path: Path) -> None:
-    """A logits-like GEMM (N = 4133) whose result another GEMM reads: pad_align pads its rows, and the
-    tiles inside the output store 16-byte vectors (sm_90 PTX, TMA path)."""
+@pytest.mark.parametrize("tma", [False, True])
+def test_gemm_into_padded_rows_stores_16_byte_vectors(tma: bool, tmp_path: Path) -> None:
+    """A logits-like GEMM (N = 4133) whose result another GEMM reads: pad_align pads its rows. In sm_90
+    PTX the pointer path's tiles inside the output store 16-byte vectors; the TMA path stores the tile
+    with a bulk tensor copy from shared memory."""
     g = fg.Graph(name="lm_head", compute_dtype="float16")
     x, w = g.tensor((256, 64), "float16", "x"), g.tensor((VOCAB, 64), "float16", "w")
     g.matmul(g.linear(x, w), w).set_output()
@@ -187,7 +189,43 @@ def test_gemm_into_padded_rows_stores_16_byte_vectors(tmp_path: Path) -> None:
     (gemm,) = [k for k in plan.kernels if k.kind == "matmul" and k.outputs[0].shape == (256, VOCAB)]
     assert gemm.outputs[0].spec.memory_strides == (PADDED, 1)
     assert gemm.config.get("VARIANT", "tiled") == "tiled", gemm.config
-    consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": True, "USE_TMA": True,
+    consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": True, "USE_TMA": tma,
               "USE_PDL": False}
     ptx = _sm90_ptx(gemm.source, gemm.name, consts, {"in0": "*fp16", "in1": "*fp16", "out0": "*fp16"}, tmp_path)
-    assert any(o.startswith("st.global") for o in _vector_ops(ptx)), ptx[-2000:]
+    if tma:
+        assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx), ptx[-2000:]
+    else:
+        assert any(o.startswith("st.global") for o in _vector_ops(ptx)), ptx[-2000:]
+
+
+@pytest.mark.parametrize("variant", ["tiled", "persistent"])
+def test_gemm_into_padded_rows_stores_through_tma(variant: str) -> None:
+    """On the TMA path the padded logits tile is written by a TMA descriptor store (clipped at the
+    output's edges by the copy engine: no masks, whatever N is), in the tiled and the persistent
+    kernel; the interpreter emulates it, with edge tiles in M and N, against the reference."""
+    from fusegraph.backends.matmul_kernel import GemmLaunch
+    from fusegraph.codegen.compile import load_triton_function
+    from fusegraph.codegen.matmul import generate_gemm
+    from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+
+    g = fg.Graph(name="lm_head_tma", compute_dtype="float32")
+    x, w = g.tensor((40, 64), "float16", "x"), g.tensor((VOCAB, 64), "float16", "w")
+    logits = g.matmul(x, w, transpose_b=True, name="logits")
+    g.matmul(logits, w).set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    group = next(i for i in items if isinstance(i, MatmulGroup) and i.matmul.name == "logits")
+    gen = generate_gemm(group, f"lm_head_tma_{variant}")
+    source = gen.source_of(variant)
+    assert "out0_desc = tl.make_tensor_descriptor(out0, shape=[M, N], strides=[4160, 1]" in source
+    assert "out0_desc.store([" in source
+    config = {"VARIANT": variant, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "USE_TMA": True,
+              "num_warps": 4, "num_stages": 3}
+    if variant == "persistent":
+        config.update(NUM_PROGRAMS=5, FLATTEN=True, WARP_SPECIALIZE=False)
+    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
+    xs, ws = rand(40, 64, dtype=torch.float16), rand(VOCAB, 64, dtype=torch.float16)
+    (got,) = launch([{"x": xs, "w": ws}[n.name] for n in gen.inputs])
+    assert got.stride() == (PADDED, 1)
+    assert_close(got.float(), xs.float() @ ws.float().T, tol=5e-3, what=variant)

@@ -189,6 +189,8 @@ class _GemmWriter(_Writer):
         self.zero_index = "zero_m"
         a = group.matmul.inputs[0]
         self.tma = tma_plan(self.geo, dtypes.itemsize(a.dtype))
+        self.tma_stores = self._tma_stores()
+        self.tma_mode = ""   # how stores in tma_stores are written now: "" plain, "static" under USE_TMA, "direct"
         # fp32 operands: exact (CUDA cores) at torch's 'highest' float32 matmul precision, TF32 otherwise
         exact = a.dtype == "float32" and torch.get_float32_matmul_precision() == "highest"
         self.precision = ', input_precision="ieee"' if exact else ', input_precision="tf32"' \
@@ -228,8 +230,35 @@ class _GemmWriter(_Writer):
         if set(_TILE_VAR.findall(off)) != {"m", "n"}:
             off = f"{off} + zero_mn"
         out = self.out_ptr[entry.key]
-        value = self.expr[entry.key]
-        self.emit(f"tl.store({out} + {off}, ({value}).to({out}.dtype.element_ty), mask=mask)", indent)
+        value = f"({self.expr[entry.key]}).to({out}.dtype.element_ty)"
+        plain = f"tl.store({out} + {off}, {value}, mask=mask)"
+        if entry.key not in self.tma_stores or not self.tma_mode:
+            self.emit(plain, indent)
+            return
+        # a TMA store: the tile goes out through shared memory asynchronously, and the copy engine
+        # clips it at the output's edges (no masks, whatever N is)
+        tma = f"{out}_desc.store([{self.pid_m} * BLOCK_M, {self.pid_n} * BLOCK_N], {value})"
+        if self.tma_mode == "direct":
+            self.emit(tma, indent)
+            return
+        self.emit("if USE_TMA:", indent)
+        self.emit(tma, indent + 1)
+        self.emit("else:", indent)
+        self.emit(plain, indent + 1)
+
+    def _tma_stores(self) -> dict[str, int]:
+        """Stores of the whole [M, N] tile into rows of 16-byte-aligned stride (e.g. padded logits),
+        by key, with that stride: written through a TMA descriptor on the TMA path."""
+        geo, mm = self.geo, self.gemm.matmul
+        if self.tma is None or geo.batch or geo.folded or len(mm.shape) != 2:
+            return {}
+        out = {}
+        for e in self.group.stores:
+            strides = e.node.spec.memory_strides
+            if (e.node.shape == mm.shape and tuple(e.emb) == (0, 1) and strides[1] == 1 and strides[0] >= geo.n
+                    and (strides[0] * dtypes.itemsize(e.node.dtype)) % 16 == 0):
+                out[e.key] = strides[0]
+        return out
 
     # ---- pieces --------------------------------------------------------------------------------
 
@@ -276,6 +305,10 @@ class _GemmWriter(_Writer):
                   f"block_shape={a_block})", indent)
         self.emit(f"b_desc = tl.make_tensor_descriptor({pb} + {self.b_base}, shape={b_shape}, strides={b_strides}, "
                   f"block_shape={b_block})", indent)
+        for key, stride in self.tma_stores.items():
+            out = self.out_ptr[key]
+            self.emit(f"{out}_desc = tl.make_tensor_descriptor({out}, shape=[M, N], strides=[{stride}, 1], "
+                      "block_shape=[BLOCK_M, BLOCK_N])", indent)
 
     def _mainloop(self, indent: int, tma: bool, k_lo: str = "0", k_hi: str = "K") -> None:
         """acc = A'[tile rows, k_lo:k_hi] @ B'[k_lo:k_hi, tile cols] in fp32."""
@@ -318,7 +351,8 @@ class _GemmWriter(_Writer):
         scalars; so the epilogue is written twice: tiles wholly inside the output take constant masks
         (their stores into 16-byte-aligned rows, e.g. padded logits, become vectors), edge tiles the real
         ones. A persistent kernel run with FLATTEN keeps only the masked body (see below)."""
-        if self.geo.n % 16 == 0:
+        tma_only = self.tma_mode == "direct" and all(e.key in self.tma_stores for e in self.group.stores)
+        if self.geo.n % 16 == 0 or tma_only:   # (TMA stores need no masks)
             self._epilogue_body(indent)
             return
         start = len(self.lines)
@@ -385,7 +419,9 @@ class _GemmWriter(_Writer):
             self._mainloop(2, tma=False)
         else:
             self._mainloop(1, tma=False)
+        self.tma_mode = "static"
         self._epilogue(1)
+        self.tma_mode = ""
         return self._source(self._head(self._pointers(), TILE_CONSTS))
 
     def write_persistent(self) -> str:
@@ -416,7 +452,9 @@ class _GemmWriter(_Writer):
             e("tile_c += NUM_PROGRAMS", indent + 1)
             self._tile_of("tile_c", indent + 1, suffix="_c")
             self._tile_index(indent + 1, suffix="_c")
+            self.tma_mode = "direct" if tma else ""
             self._epilogue(indent + 1, flatten=True)
+            self.tma_mode = ""
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
         return self._source(self._head(self._pointers(), consts))
 
