@@ -229,3 +229,20 @@ def test_gemm_into_padded_rows_stores_through_tma(variant: str) -> None:
     (got,) = launch([{"x": xs, "w": ws}[n.name] for n in gen.inputs])
     assert got.stride() == (PADDED, 1)
     assert_close(got.float(), xs.float() @ ws.float().T, tol=5e-3, what=variant)
+
+
+def test_tma_store_setting_off_writes_pointer_stores() -> None:
+    from fusegraph.codegen.matmul import generate_gemm
+    from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
+    from fusegraph.fusion.partition import partition_graph
+    from fusegraph.settings import override
+
+    g = fg.Graph(name="lm_head_no_tma_store", compute_dtype="float32")
+    x, w = g.tensor((40, 64), "float16", "x"), g.tensor((VOCAB, 64), "float16", "w")
+    g.matmul(g.matmul(x, w, transpose_b=True, name="logits"), w).set_output()
+    plan = g.build(device="cpu")
+    items = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    group = next(i for i in items if isinstance(i, MatmulGroup) and i.matmul.name == "logits")
+    with override(gemm_tma_store=False):
+        source = generate_gemm(group, "no_tma_store").source_of("persistent")
+    assert "_desc.store(" not in source and "tl.store(out0 + offs_m * 4160 + offs_n" in source

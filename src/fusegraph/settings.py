@@ -105,6 +105,12 @@ _register("gemm_library_max_m", int, lambda: 16,
 _register("gemv_kernel", bool, lambda: True,
           "GEMMs of at most 4 rows times a weight read along K (a decode "
           "step's linear layers) run our weight-streaming GEMV kernel with the epilogue fused; off: cuBLAS.")
+_register("gemm_tma_store", bool, lambda: True,
+          "On the TMA path, a generated GEMM writes a whole output tile into rows of 16-byte-aligned stride "
+          "(e.g. padded logits) through a TMA descriptor store (asynchronous, clipped at the edges by the copy "
+          "engine, so no masks). Off: a pointer store. GPT-2's LM head into padded rows: persistent ~0.9 ms with "
+          "it, best pointer-store config 1.03 ms (bench/results/ab_gpt2_norm_residual_20261201_2100.txt tune "
+          "report, profile_gpt2_final_20261201_2125.txt).")
 _register("decode_attention", bool, lambda: True,
           "Attention with few query rows per kv head (a decode step) gets the split-KV kernels among its "
           "candidates (codegen/attention.py; timed against cuDNN where the problem is not launch-bound); off: "

@@ -26,6 +26,7 @@ from ..fusion.epilogue import MatmulGroup
 from ..fusion.partition import Entry, squeeze_map
 from ..ir import dtypes
 from ..ir.node import Node
+from ..settings import settings
 from .gemm_configs import (  # noqa: F401
     GEMM_TILES,
     SMS,
@@ -250,7 +251,7 @@ class _GemmWriter(_Writer):
         """Stores of the whole [M, N] tile into rows of 16-byte-aligned stride (e.g. padded logits),
         by key, with that stride: written through a TMA descriptor on the TMA path."""
         geo, mm = self.geo, self.gemm.matmul
-        if self.tma is None or geo.batch or geo.folded or len(mm.shape) != 2:
+        if not settings.gemm_tma_store or self.tma is None or geo.batch or geo.folded or len(mm.shape) != 2:
             return {}
         out = {}
         for e in self.group.stores:
