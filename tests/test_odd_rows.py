@@ -6,11 +6,7 @@ paths run here against the reference, and the sm_90 PTX (compiled on the CPU) sh
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,7 @@ import torch
 
 import fusegraph as fg
 from conftest import assert_close, rand
+from ptx_helpers import sm90_ptx
 
 ROWS, VOCAB, PADDED = 6, 4133, 4160   # pad_align: 4133 fp16 elements -> 128-byte rows of 4160
 
@@ -108,35 +105,6 @@ def test_gemm_epilogue_full_column_tiles_drop_the_mask(dtype: torch.dtype) -> No
     assert_close(plan(*data), fg.reference(g)(*data), what="odd N")
 
 
-_COMPILE = """
-import importlib.util, json, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
-path, name, constants, types = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-spec = importlib.util.spec_from_file_location("fg_ptx_check", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-fn = getattr(module, name)
-signature = {a: ("constexpr" if a in constants else types[a]) for a in fn.arg_names}
-attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a not in constants}
-src = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-sys.stdout.write(compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
-"""
-
-
-def _sm90_ptx(source: str, name: str, constants: dict[str, Any], types: dict[str, str], tmp: Path) -> str:
-    """The kernel compiled for sm_90 by Triton's compiler (no GPU needed), in a process of its own: the
-    interpreter (TRITON_INTERPRET=1, as in CI) leaves this one unable to compile."""
-    path = tmp / f"{name}.py"
-    path.write_text(source)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, str(path), name, json.dumps(constants), json.dumps(types)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    if done.returncode != 0:   # a Triton that cannot compile for CUDA on this machine
-        pytest.skip(f"cannot compile sm_90 PTX here: {done.stderr[-300:]}")
-    return done.stdout
-
-
 def test_padded_rows_load_and_store_16_byte_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The row-tiled gradient kernel reading padded logits and writing padded rows, compiled for sm_90:
     16-byte vector loads and stores (in the full blocks), where the single masked body had 2-byte ones."""
@@ -150,7 +118,7 @@ def test_padded_rows_load_and_store_16_byte_vectors(monkeypatch: pytest.MonkeyPa
     plan = g.build(device="cpu")   # planned only: no kernel runs (under the interpreter) before the compile
     (kernel,) = [k for k in plan.kernels if k.kind == "pointwise"]
     types = {"in0": "*fp16", "in1": "*fp32", "out0": "*fp16"}
-    ptx = _sm90_ptx(kernel.source, kernel.name, {"BLOCK": 1024, "ROW_TILED": True, "USE_PDL": False}, types,
+    ptx = sm90_ptx(kernel.source, kernel.name, {"BLOCK": 1024, "ROW_TILED": True, "USE_PDL": False}, types,
                      tmp_path)
     ops = set(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
     assert any(o.startswith("ld.global") and ".v4" in o for o in ops), ops
@@ -173,7 +141,7 @@ def test_row_reduction_over_padded_rows_loads_16_byte_vectors(monkeypatch: pytes
     g.add(g.log(g.sum(g.exp(g.sub(xf, m)), dim=1, keepdim=True)), m).set_output()
     (kernel,) = g.build(device="cpu").kernels
     consts = {"ROWS": 2, "BLOCK_C": 1024, "SINGLE": False, "USE_PDL": False}
-    ptx = _sm90_ptx(kernel.source, kernel.name, consts, {"in0": "*fp16", "out0": "*fp32"}, tmp_path)
+    ptx = sm90_ptx(kernel.source, kernel.name, consts, {"in0": "*fp16", "out0": "*fp32"}, tmp_path)
     assert any(o.startswith("ld.global") for o in _vector_ops(ptx)), ptx[-2000:]
 
 
@@ -191,7 +159,7 @@ def test_gemm_into_padded_rows_stores_16_byte_vectors(tma: bool, tmp_path: Path)
     assert gemm.config.get("VARIANT", "tiled") == "tiled", gemm.config
     consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EVEN_K": True, "USE_TMA": tma,
               "USE_PDL": False}
-    ptx = _sm90_ptx(gemm.source, gemm.name, consts, {"in0": "*fp16", "in1": "*fp16", "out0": "*fp16"}, tmp_path)
+    ptx = sm90_ptx(gemm.source, gemm.name, consts, {"in0": "*fp16", "in1": "*fp16", "out0": "*fp16"}, tmp_path)
     if tma:
         assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx), ptx[-2000:]
     else:

@@ -4,14 +4,14 @@ USE_PDL, and the launchers ask for it only on a Hopper-or-newer GPU, never under
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 import pytest
 
 import fusegraph as fg
-from fusegraph.codegen.compile import load_triton_function
 from fusegraph.runtime.launch import pdl_enabled, pdl_options
 from fusegraph.settings import override
+from ptx_helpers import sm90_ptx
 
 
 def _plan() -> fg.Plan:
@@ -44,27 +44,11 @@ def test_pdl_is_off_on_cpu_and_under_the_interpreter() -> None:
         assert not pdl_enabled("cuda")
 
 
-def _sm90_ptx(source: str, name: str, constants: dict[str, Any]) -> str:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
-    from triton.runtime.jit import JITFunction
-
-    loaded = load_triton_function(source, name)
-    fn = loaded if isinstance(loaded, JITFunction) else JITFunction(loaded.fn)
-    signature = {a: ("constexpr" if a in constants else "*fp32") for a in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a not in constants}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return str(compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
-
-
 @pytest.mark.parametrize("use_pdl", [True, False])
-def test_pdl_prologue_compiles_to_griddepcontrol(use_pdl: bool) -> None:
+def test_pdl_prologue_compiles_to_griddepcontrol(use_pdl: bool, tmp_path: Path) -> None:
     """The pointwise kernel compiled for sm_90 (no GPU needed): griddepcontrol.wait and
     .launch_dependents with USE_PDL, neither without."""
     kernel = next(k for k in _plan().kernels if k.kind == "pointwise")
-    try:
-        ptx = _sm90_ptx(kernel.source, kernel.name, {"BLOCK": 1024, "USE_PDL": use_pdl})
-    except Exception as err:  # a Triton that cannot compile for CUDA on this machine
-        pytest.skip(f"cannot compile sm_90 PTX here: {type(err).__name__}: {str(err)[:100]}")
+    ptx = sm90_ptx(kernel.source, kernel.name, {"BLOCK": 1024, "USE_PDL": use_pdl}, {}, tmp_path)
     assert ("griddepcontrol.wait" in ptx) == use_pdl
     assert ("griddepcontrol.launch_dependents" in ptx) == use_pdl
