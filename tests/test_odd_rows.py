@@ -67,11 +67,11 @@ def test_even_row_widths_keep_one_body(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "if c0 + BLOCK" not in kernel.source and "mask = cols < 4096" in kernel.source
 
 
-@pytest.mark.parametrize("block_c", [512, 4096])
+@pytest.mark.parametrize("block_c", [512, 4096, 8192])
 def test_row_reduction_over_odd_rows_loops_full_chunks_then_the_tail(block_c: int,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A log-sum-exp (online softmax) and a sum over 4133-wide rows in chunks: full chunks without the
-    column mask, then the partial one (none of them full when the chunk is wider than the row)."""
+    column mask, then the partial one (the only one when the chunk is wider than the row: 8192)."""
     _only(monkeypatch, "reduction", {"ROWS": 2, "BLOCK_C": block_c, "SINGLE": False, "num_warps": 4})
     g = fg.Graph(name="lse")
     x = g.tensor((5, VOCAB), "float16", "x")
