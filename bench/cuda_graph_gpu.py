@@ -92,7 +92,7 @@ def transformer() -> dict[str, Any]:
     graphed = block.graph.build(cuda_graphs=True)
     build_graph_s = time.perf_counter() - t0
     copy_all = transformer_block(size, torch.bfloat16, "cuda", static_weights=False).graph.build(cuda_graphs=True)
-    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs, plain.graph.outputs,
+    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs,
                   static_inputs=plain.static_inputs)
     result: dict[str, Any] = {"block": block.description, "kernels": len(plain.kernels),
                               "build_s": {"plain": round(build_plain_s, 2), "graph": round(build_graph_s, 2)},
@@ -153,7 +153,7 @@ def one_kernel() -> dict[str, Any]:
     x_t = torch.randn(4096, device="cuda")
     for _ in range(2):
         graphed(x_t)
-    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs, plain.graph.outputs)
+    auto = decide(None, "cuda", plain.kernels, plain.graph.inputs)
     fns = {"plain": lambda: plain(x_t), "graph": lambda: graphed(x_t), "eager": lambda: torch.exp(x_t)}
     return {"kernels": len(plain.kernels), "captured": graphed.cuda_graph_captured, "note": graphed.cuda_graph_note,
             "auto_decision": {"capture": auto.capture, "note": auto.note},

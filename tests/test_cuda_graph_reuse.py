@@ -198,8 +198,7 @@ def test_automatic_rule_decides_again_at_capture(monkeypatch: pytest.MonkeyPatch
     from fusegraph.runtime import plan as plan_module
     from fusegraph.runtime.cuda_graph import GraphDecision
 
-    def decide(requested: Any, device: Any, kernels: Any, inputs: Any, outputs: Any, alias: bool = False,
-               static_inputs: Any = ()) -> GraphDecision:
+    def decide(requested: Any, device: Any, kernels: Any, inputs: Any, static_inputs: Any = ()) -> GraphDecision:
         copied = len(inputs) - len(set(static_inputs))
         if requested or (requested is None and copied == 0):
             return GraphDecision(True, f"test: capture, {copied} copies", copied)

@@ -83,9 +83,9 @@ def fake_capture(run_plain: Any, inputs: Sequence[torch.Tensor], by_reference: A
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU plans decide to capture (as a CUDA plan would) and capture with the stand-in graph."""
     monkeypatch.setattr(plan_module, "decide",
-                        lambda requested, device, kernels, inputs, outputs, alias=False, static_inputs=():
+                        lambda requested, device, kernels, inputs, static_inputs=():
                         GraphDecision(requested is not False, "test: capture",
-                                      len(inputs) - len(static_inputs) + (0 if alias else len(outputs))))
+                                      len(inputs) - len(static_inputs)))
     monkeypatch.setattr(cuda_graph, "capture", fake_capture)
 
 
@@ -93,36 +93,35 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_decision_off_forced_and_not_capturable() -> None:
     plan, _ = block()
-    ins, outs = plan.graph.inputs, plan.graph.outputs
+    ins = plan.graph.inputs
     cheap = [fake_kernel("a", 1000), fake_kernel("b", 1000)]
     assert "cpu" in plan.cuda_graph_note and plan.cuda_graph is None and not plan.cuda_graph_captured
-    assert not decide(None, "cpu", cheap, ins, outs).capture
-    assert "cuda_graphs=False" in decide(False, "cuda", cheap, ins, outs).note
-    forced = decide(True, "cuda", [fake_kernel("big", 10**11)], ins, outs)
-    assert forced.capture and forced.copies == 4 and "forced" in forced.note
-    assert decide(True, "cuda", cheap, ins, outs, alias_outputs=True).copies == 2
+    assert not decide(None, "cpu", cheap, ins).capture
+    assert "cuda_graphs=False" in decide(False, "cuda", cheap, ins).note
+    forced = decide(True, "cuda", [fake_kernel("big", 10**11)], ins)
+    assert forced.capture and forced.copies == 2 and "forced" in forced.note   # the two inputs
     with override(cuda_graphs=False):
-        off = decide(True, "cuda", cheap, ins, outs)
+        off = decide(True, "cuda", cheap, ins)
         assert not off.capture and "settings.cuda_graphs" in off.note
-    sync = decide(True, "cuda", [cheap[0], fake_kernel("item", 8, host_sync=True)], ins, outs)
+    sync = decide(True, "cuda", [cheap[0], fake_kernel("item", 8, host_sync=True)], ins)
     assert not sync.capture and "item" in sync.note and "wait for the device" in sync.note
-    assert "no kernels" in decide(True, "cuda", [], ins, outs).note
+    assert "no kernels" in decide(True, "cuda", [], ins).note
 
 
 def test_decision_automatic_rule() -> None:
     plan, _ = block()
-    ins, outs = plan.graph.inputs, plan.graph.outputs
-    small = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(3)], ins, outs)
-    assert small.capture and small.note.startswith("auto: launch-bound") and small.copies == 4
+    ins = plan.graph.inputs
+    small = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(3)], ins)
+    assert small.capture and small.note.startswith("auto: launch-bound") and small.copies == 2
     # one kernel: one launch would become one replay plus the copies
-    one = decide(None, "cuda", [fake_kernel("k", 4096)], ins[:1], outs[:1])
+    one = decide(None, "cuda", [fake_kernel("k", 4096)], ins[:1])
     assert not one.capture and "one kernel" in one.note
-    assert decide(True, "cuda", [fake_kernel("k", 4096)], ins[:1], outs[:1]).capture
+    assert decide(True, "cuda", [fake_kernel("k", 4096)], ins[:1]).capture
     # many inputs and outputs to copy for two cheap kernels: the copies cost more than the launches
-    many = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(2)], list(ins) * 4, list(outs) * 4)
+    many = decide(None, "cuda", [fake_kernel(f"k{i}", 4096) for i in range(2)], list(ins) * 4)
     assert not many.capture and "not worth it" in many.note
     # device-bound (10 GB moved per kernel): the launches hide behind the work; copies only add time
-    big = decide(None, "cuda", [fake_kernel(f"k{i}", 10**10) for i in range(3)], ins, outs)
+    big = decide(None, "cuda", [fake_kernel(f"k{i}", 10**10) for i in range(3)], ins)
     assert not big.capture and "not worth it" in big.note
 
 
@@ -131,7 +130,7 @@ def test_decision_refuses_overlapping_input_strides() -> None:
     x = g.tensor((8, 16), dtype="float32", name="x", strides=(0, 1))
     g.exp(g.add(x, x)).set_output()
     plan = g.build()
-    note = decide(True, "cuda", [fake_kernel("a", 10)], plan.graph.inputs, plan.graph.outputs).note
+    note = decide(True, "cuda", [fake_kernel("a", 10)], plan.graph.inputs).note
     assert "overlapping" in note and "x" in note
 
 
@@ -279,12 +278,12 @@ def test_decision_counts_only_inputs_that_are_copied() -> None:
     g.matmul(x, w).set_output()
     ir = g.to_ir()
     kernels = [fake_kernel(f"k{i}", 4096) for i in range(3)]
-    copied = decide(None, "cuda", kernels, ir.inputs, ir.outputs)
-    assert not copied.capture and copied.copies == 3 and "3 copies of 268.96 MB" in copied.note
-    in_place = decide(None, "cuda", kernels, ir.inputs, ir.outputs, static_inputs=(1,))
-    assert in_place.capture and in_place.copies == 2 and "1 static input(s) read in place" in in_place.note
-    assert "2 copies of 0.52 MB" in in_place.note   # x and the output (262 kB each) are still copied
-    forced = decide(True, "cuda", kernels, ir.inputs, ir.outputs, alias_outputs=True, static_inputs=(0, 1))
+    copied = decide(None, "cuda", kernels, ir.inputs)
+    assert not copied.capture and copied.copies == 2 and "2 copies of 268.70 MB" in copied.note
+    in_place = decide(None, "cuda", kernels, ir.inputs, static_inputs=(1,))
+    assert in_place.capture and in_place.copies == 1 and "1 static input(s) read in place" in in_place.note
+    assert "1 copies of 0.26 MB" in in_place.note   # x (262 kB) is still copied
+    forced = decide(True, "cuda", kernels, ir.inputs, static_inputs=(0, 1))
     assert forced.capture and forced.copies == 0
 
 
@@ -461,8 +460,8 @@ def test_a_plan_the_estimate_turned_down_is_measured_then_captured_if_host_bound
     """Device-bound on paper (the estimate said no): the second call times the host against the GPU
     span, and the plan captures only when the host took at least HOST_BOUND of it."""
     monkeypatch.setattr(plan_module, "decide",
-                        lambda requested, device, kernels, inputs, outputs, alias=False, static_inputs=():
-                        GraphDecision(False, "test: not worth it", len(inputs) + len(outputs), by_estimate=True))
+                        lambda requested, device, kernels, inputs, static_inputs=():
+                        GraphDecision(False, "test: not worth it", len(inputs), by_estimate=True))
     monkeypatch.setattr(cuda_graph, "capture", fake_capture)
     monkeypatch.setattr(cuda_graph, "measure_call", lambda run, inputs: (run(inputs), host_ms / 1e3, span_ms / 1e3))
     plan, _ = block()
@@ -475,7 +474,7 @@ def test_a_plan_the_estimate_turned_down_is_measured_then_captured_if_host_bound
     assert_close(plan(x2, w)[0], eager(x2, w)[0])           # measured (and captured after it if host-bound)
     assert runner.measured == (host_ms / 1e3, span_ms / 1e3)
     assert plan.cuda_graph_captured == captured and "measured at the second call" in plan.cuda_graph_note
-    assert ("host-bound" in plan.cuda_graph_note) == captured and plan.cuda_graph_copies == (4 if captured else 0)
+    assert ("host-bound" in plan.cuda_graph_note) == captured and plan.cuda_graph_copies == (2 if captured else 0)
     x3 = rand(8, 16)
     assert_close(plan(x3, w)[0], eager(x3, w)[0])
     assert (runner.captured.graph.replays == 1) if captured else runner.captured is None

@@ -3,9 +3,8 @@
 A Plan's kernels launch one by one from Python (host cost LAUNCH_US each). A captured CUDA graph
 replays all of them for REPLAY_US + GRAPH_NODE_US per kernel, but reads fixed input buffers and
 writes fixed output buffers, so each call copies every input into the captured input buffer (one
-copy_ each) and, unless graph_outputs="alias", returns a fresh clone of every output (the next
-replay overwrites the captured ones); each copy is one more launch (COPY_US of host time) and
-moves its bytes twice (read + write).
+copy_ each; its outputs are the captured buffers while the caller drops them, see Outputs below);
+each copy is one more launch (COPY_US of host time) and moves its bytes twice (read + write).
 
 The rule (build(cuda_graphs=None), the default) is an explicit estimate of one call's time:
 
@@ -13,7 +12,7 @@ The rule (build(cuda_graphs=None), the default) is an explicit estimate of one c
     graph = max(REPLAY_US + copies * COPY_US,  floor + K * GRAPH_NODE_US + copy_bytes * 2 / bandwidth)
 
 with K kernels, floor the sum of the kernels' cost-model floors (datasheet spec) and copies = the
-inputs not declared static (+ outputs unless aliased); copy_bytes likewise counts only those. The
+inputs not declared static; copy_bytes likewise counts only those. The
 Plan is captured when it has two or more kernels and graph < plain:
 small, launch-bound plans. Never a one-kernel plan (one launch becomes one replay plus the copies,
 each about a launch's cost), never a device-bound plan (the launches hide behind the work and the
@@ -140,11 +139,12 @@ def check_graph_outputs(value: str) -> str:
 
 
 def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: Sequence[Any],
-           outputs: Sequence[Any], alias_outputs: bool = False,
            static_inputs: Collection[int] = ()) -> GraphDecision:
-    """Whether a Plan is captured (see the module doc for the rule). `inputs`/`outputs` are the
-    graph's input and output nodes (shape, dtype, memory strides); `kernels` its launch list;
-    `static_inputs` the positions of inputs read in place (not copied)."""
+    """Whether a Plan is captured (see the module doc for the rule). `inputs` are the graph's input
+    nodes (shape, dtype, memory strides); `kernels` its launch list; `static_inputs` the positions of
+    inputs read in place (not copied). The copies counted are the other inputs': no plan clones its
+    outputs per call while the caller drops them (a copy plan starts cloning only once a caller keeps
+    one across calls)."""
     if requested is False:
         return GraphDecision(False, "off: build(cuda_graphs=False)")
     if not settings.cuda_graphs:
@@ -164,12 +164,12 @@ def decide(requested: bool | None, device: str, kernels: Sequence[Any], inputs: 
         return GraphDecision(False, f"not capturable: input(s) {', '.join(overlapping)} have overlapping "
                                     f"strides (cannot be copied into a captured buffer)")
     copied = [n for i, n in enumerate(inputs) if i not in static_inputs]
-    copies = len(copied) + (0 if alias_outputs else len(outputs))
+    copies = len(copied)
     in_place = f", {len(inputs) - len(copied)} static input(s) read in place" if len(copied) < len(inputs) else ""
     if requested:
         return GraphDecision(True, f"forced: build(cuda_graphs=True); {copies} copies per call{in_place}", copies)
     floor_us, bandwidth = _floor_us(kernels)
-    copy_bytes = sum(_nbytes(n) for n in copied) + (0 if alias_outputs else sum(_nbytes(n) for n in outputs))
+    copy_bytes = sum(_nbytes(n) for n in copied)
     k = len(kernels)
     plain = max(k * LAUNCH_US, floor_us)
     graph = max(REPLAY_US + copies * COPY_US, floor_us + k * GRAPH_NODE_US + 2 * copy_bytes / bandwidth * 1e6)

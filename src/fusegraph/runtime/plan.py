@@ -61,10 +61,7 @@ class Plan:
         """Decide whether this plan is replayed as one CUDA graph (runtime/cuda_graph.py has the
         rule); when it is, the first matching call runs kernel by kernel and then captures."""
         self.graph_outputs = outputs
-        # no plan clones its outputs per call while the caller drops them (a copy plan starts cloning only
-        # once a caller keeps one across calls): the estimate counts the input copies
-        decision = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs,
-                          True, static_inputs=self.static_inputs)
+        decision = decide(requested, self.device, self.kernels, self.graph.inputs, static_inputs=self.static_inputs)
         self.cuda_graph_note = decision.note
         self.cuda_graph_copies = decision.copies if decision.capture else 0
         self.cuda_graph: GraphRunner | None = None
@@ -86,7 +83,7 @@ class Plan:
             self.cuda_graph_copies = copies_when_captured[0] if self.cuda_graph_captured else 0
 
         def redecide(chained: frozenset[int]) -> GraphDecision:
-            again = decide(requested, self.device, self.kernels, self.graph.inputs, self.graph.outputs, True,
+            again = decide(requested, self.device, self.kernels, self.graph.inputs,
                            static_inputs=set(self.static_inputs) | chained)
             copies_when_captured[0] = again.copies
             self.cuda_graph_copies = again.copies if again.capture else 0
