@@ -32,6 +32,7 @@ from ..reference import run_node
 from ..runtime.kernel import Kernel, in_strides
 from ..settings import settings
 from . import cudnn, cudnn_frontend
+from .matmul_kernel import sm_count
 
 log = logging.getLogger("fusegraph.backends")
 
@@ -64,7 +65,7 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
     why = attention_supported(problem)
     candidates: dict[str, Any] = {}
     if why is None:
-        decode = None if backward or not settings.decode_attention else decode_config(problem, _sm_count(device))
+        decode = None if backward or not settings.decode_attention else decode_config(problem, sm_count(device))
         if decode is not None:   # few query rows per kv head (a decode step): the split-KV kernels
             candidates["triton:decode"] = _triton_forward(node, problem, decode)
         for config in distinct_configs(node, problem):
@@ -192,12 +193,6 @@ def _triton_source(backward: bool, label: str = "") -> str:
     from ..codegen.attention import BACKWARD_SOURCE, DECODE_SOURCE, FORWARD_SOURCE
 
     return BACKWARD_SOURCE if backward else DECODE_SOURCE if label == "triton:decode" else FORWARD_SOURCE
-
-
-def _sm_count(device: str) -> int:
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        return 132
-    return int(torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
 
 
 def _triton_forward(node: Node, p: AttentionProblem, config: dict[str, Any]) -> Any:

@@ -402,7 +402,7 @@ def _tune_key(gen: GeneratedGemm, device: str, own: cublas.OwnEpilogue | None = 
 def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> list[dict[str, Any]]:
     """Tiled, persistent and split-K configs of this GEMM on `device` (warp specialization only
     where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
-    return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=_sm_count(device),
+    return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
                            warp_specialize=_capability(device) >= 10)
 
@@ -413,7 +413,8 @@ def _capability(device: str) -> int:
     return int(torch.cuda.get_device_capability(torch.device(device))[0])
 
 
-def _sm_count(device: str) -> int:
+def sm_count(device: str) -> int:
+    """The GPU's SM count (the H100/H200's where there is no GPU): how many programs fill it."""
     from ..codegen.matmul import SMS
 
     if not device.startswith("cuda") or not torch.cuda.is_available():
