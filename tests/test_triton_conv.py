@@ -580,39 +580,6 @@ def test_fused_candidate_applies_the_epilogue_in_the_conv_store(kind: str, layou
     assert "epilogue fused into its store" in source and "ACTIVATION" in source
 
 
-@on_the_interpreter
-def test_wide_1x1_gemm_candidate_offered_by_setting_alone_and_fused(capsys: pytest.CaptureFixture[str]) -> None:
-    from fusegraph.lower import _example_inputs
-
-    residual = _fused_graph("bn_residual_relu", "NHWC", c_in=32, k=1)     # wide (C_in 32 > 16) 1x1 + bn + add + relu
-    bn_only = _fused_graph("bn_relu", "NHWC", c_in=32, k=1)
-    spatial = _fused_graph("bn_residual_relu", "NHWC", c_in=32, k=3)       # wide 3x3: never ours
-    assert "triton_conv_fused" not in library_candidates(residual, "cuda", "k", "float32", _epilogue_kernel(residual))
-    with override(conv_gemm_wide="residual", debug=1):
-        offered = library_candidates(residual, "cuda", "k", "float32", _epilogue_kernel(residual))
-        assert "triton_conv" not in offered and isinstance(offered["triton_conv_fused"], triton_conv.FusedGroupLaunch)
-        assert "triton_conv_fused" not in library_candidates(bn_only, "cuda", "k_bn", "float32",
-                                                             _epilogue_kernel(bn_only))
-        assert "triton_conv_fused" not in library_candidates(spatial, "cuda", "k_3x3", "float32",
-                                                             _epilogue_kernel(spatial))
-    printed = capsys.readouterr().out
-    assert "k_bn: Triton conv not used: wide 1x1 gemm variant: the epilogue adds no residual" in printed
-    assert "k_3x3: Triton conv not used: wide 1x1 gemm variant: kernel 3x3, not 1x1" in printed
-    with override(conv_gemm_wide="all"):
-        assert "triton_conv_fused" in library_candidates(bn_only, "cuda", "k", "float32", _epilogue_kernel(bn_only))
-    fused = offered["triton_conv_fused"]
-    assert {c["VARIANT"] for c in triton_conv.configs(fused.problem)} == {"gemm"}
-    fused.plain.device = "cpu"
-    fused.plain.conv = triton_conv.TritonConv(fused.plain.problem, _config(fused.plain.problem, "gemm"))
-    args = _example_inputs(residual.inputs, "cpu")
-    for k in fused.leaf_at:
-        args[k] = args[k].abs() + 0.5
-    want = conv_group_kernel(residual, "k", "float32", "cpu", {}).launch(args)[0]
-    (got,) = fused(args)
-    assert got.stride() == want.stride()
-    assert_close(got, want, tol=5e-3, what="wide 1x1 + bn + residual + relu")
-
-
 def test_fused_candidate_not_offered_for_an_epilogue_it_does_not_compute(capsys: pytest.CaptureFixture[str]) -> None:
     group = _fused_graph("bias_sigmoid")
     with override(debug=1):

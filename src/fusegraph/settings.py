@@ -181,11 +181,6 @@ _register("saved_views", bool, lambda: True,
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")
-_register("conv_gemm_wide", str, lambda: "off",
-          "Wide (C_in > 16) 1x1 unpadded channels-last convolutions: 'residual' offers our Triton conv's gemm "
-          "variant with the group's inference epilogue in its store (scale, shift, residual, activation; one "
-          "kernel) as an autotuned candidate beside cuDNN when that epilogue adds a residual; 'all' for any "
-          "fused epilogue; 'off' leaves them to cuDNN.")
 _register("gemm_backend", str, lambda: "auto",
           "Which GEMM kernels a plan may use: 'auto' (the autotuner times generated Triton kernels against "
           "cuBLAS per shape), 'cublas' (cuBLAS only, untimed) or 'triton' (generated kernels only where they "

@@ -338,9 +338,8 @@ def problem_of_tensors(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | No
                        (dilation[0], dilation[1]), bias is not None, tf32 and x.dtype == torch.float32)
 
 
-def unsupported(node: Node, wide: bool = False) -> str | None:
-    """Why our Triton conv is not offered for this node (None when it is; see the module doc); with
-    `wide`, input channels past MAX_C_IN are allowed (the gemm variant's wide 1x1 candidate)."""
+def unsupported(node: Node) -> str | None:
+    """Why our Triton conv is not offered for this node (None when it is; see the module doc)."""
     if node.op != "conv2d":
         return f"op {node.op} (forward conv2d only)"
     _, _, _, groups = get_op(node.op).extra["params"](node.attrs)
@@ -349,7 +348,7 @@ def unsupported(node: Node, wide: bool = False) -> str | None:
     if node.dtype not in DTYPES:
         return f"dtype {node.dtype} (fp16, bf16 and fp32 only)"
     c_in = node.inputs[1].shape[1]
-    if c_in > MAX_C_IN and not wide:
+    if c_in > MAX_C_IN:
         return (f"C_in={c_in} > {MAX_C_IN}: cuDNN serves wide input channels (the gemm variant, which "
                 f"could run a wide 1x1, measured 0.51-1.02x cuDNN on ResNet-50's 1x1 shapes: not offered)")
     return None
@@ -743,9 +742,6 @@ def group_candidates(group: Any, device: str, name: str, epilogue: Any, compute_
     group stores only its result, "triton_conv_fused": that epilogue applied in the conv's store."""
     node = group.compute
     why = unsupported(node)
-    wide = why is not None and settings.conv_gemm_wide in ("residual", "all") and unsupported(node, wide=True) is None
-    if wide:
-        why = None
     if why is None and not device.startswith("cuda"):
         why = f"device {device} is not a GPU"
     if why is None and not settings.use_triton:
@@ -761,20 +757,8 @@ def group_candidates(group: Any, device: str, name: str, epilogue: Any, compute_
         if epilogue is not None else []
     out_strides = node.spec.memory_strides   # the product's layout, as the plain path writes it
     plain = ConvGroupLaunch(problem_of(node, out_strides, allow_tf32), conv_args, epilogue, epi_args, device, name)
-    fused = fused_candidate(group, plain, positions, compute_dtype, device, name)
-    if wide:
-        # a wide 1x1: only the gemm variant with the epilogue in its store (settings.conv_gemm_wide); the
-        # conv then a separate epilogue pass would move the product twice where cuDNN moves it once
-        why = gemm_unsupported(plain.problem)
-        if why is None and fused is None:
-            why = "no fused inference epilogue"
-        if why is None and fused is not None and settings.conv_gemm_wide == "residual" and fused.epi.residual is None:
-            why = "the epilogue adds no residual (settings.conv_gemm_wide='residual')"
-        if why is not None or fused is None:
-            debug(name, f"wide 1x1 gemm variant: {why}")
-            return {}
-        return {"triton_conv_fused": fused}
     out: dict[str, Any] = {"triton_conv": plain}
+    fused = fused_candidate(group, plain, positions, compute_dtype, device, name)
     if fused is not None:
         out["triton_conv_fused"] = fused
     return out
