@@ -181,6 +181,10 @@ _register("saved_views", bool, lambda: True,
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
           "torch.mm(out_dtype=)) instead of a second launch.")
+_register("conv_as_gemm", bool, lambda: True,
+          "A 1x1, stride-1 convolution over dense channels-last operands (fp16/bf16), with its inference "
+          "epilogue (batchnorm, residual, activation), gets one more autotuned candidate beside cuDNN: the same "
+          "computation as a GEMM [N*H*W, C_in] x [C_in, C_out] built by fusegraph (backends/conv_gemm.py).")
 _register("gemm_backend", str, lambda: "auto",
           "Which GEMM kernels a plan may use: 'auto' (the autotuner times generated Triton kernels against "
           "cuBLAS per shape), 'cublas' (cuBLAS only, untimed) or 'triton' (generated kernels only where they "

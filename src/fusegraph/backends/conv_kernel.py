@@ -19,7 +19,7 @@ from ..ir.registry import Cost, get_op
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
-from . import cudnn, cudnn_conv_epilogue, cudnn_frontend, triton_conv
+from . import conv_gemm, cudnn, cudnn_conv_epilogue, cudnn_frontend, triton_conv
 
 
 def conv_group_cost(group: ConvGroup) -> Cost:
@@ -104,6 +104,10 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
         if isinstance(library[chosen], (triton_conv.ConvGroupLaunch, triton_conv.FusedGroupLaunch)):
             kernel.backend = "triton"
             kernel.config.update(library[chosen].prepare().config)
+        elif isinstance(library[chosen], conv_gemm.ConvAsGemm):
+            gemm = next(k for k in library[chosen].prepare().kernels if k.kind == "matmul")
+            kernel.backend = gemm.backend
+            kernel.config.update(gemm.config)
     kernel.tuning["build_s"] = round(time.perf_counter() - start, 4)
     return kernel
 
@@ -114,12 +118,13 @@ LIBRARY_SOURCES = {
     "cudnn_frontend_epilogue": "# cuDNN frontend graph (Graph API), one fused plan, NHWC: {act}",
     "triton_conv": "# our Triton implicit-GEMM {op} ({layout}), then the group's epilogue: {act}",
     "triton_conv_fused": "# our Triton implicit-GEMM {op} ({layout}), the epilogue fused into its store: {act}",
+    "conv_as_gemm": "# {op} 1x1 as a GEMM over the {layout} operands, planned by fusegraph: {act}",
 }
 
 
 def library_source(chosen: str, launch: Any, op: str, layout: str, group: ConvGroup) -> str:
     """The kernel's source line for the chosen library candidate."""
-    if isinstance(launch, (triton_conv.ConvGroupLaunch, triton_conv.FusedGroupLaunch)):
+    if isinstance(launch, (triton_conv.ConvGroupLaunch, triton_conv.FusedGroupLaunch, conv_gemm.ConvAsGemm)):
         act = "+".join(epilogue_ops(group)) or "none"
         return LIBRARY_SOURCES[chosen].format(op=op, layout=layout, act=act) + "\n" + launch.describe()
     if isinstance(launch, cudnn_conv_epilogue.FusedConvLaunch):
@@ -146,6 +151,7 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     if not device.startswith("cuda"):
         return out
     out.update(triton_conv.group_candidates(group, device, name, epilogue, compute_dtype, allow_tf32))
+    out.update(conv_gemm.candidate(group, device, name, compute_dtype))
     if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
         cudnn_frontend.debug(name, "the epilogue stores more than its final value")
         return out
@@ -213,7 +219,7 @@ def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any
     # per-channel inputs (BN statistics) positive: a negative variance gives NaN channels, whose relu
     # differs by library
     for fn in library.values():
-        if isinstance(fn, (cudnn_conv_epilogue.FusedConvLaunch, triton_conv.FusedGroupLaunch)):
+        if isinstance(fn, (cudnn_conv_epilogue.FusedConvLaunch, triton_conv.FusedGroupLaunch, conv_gemm.ConvAsGemm)):
             for k in fn.leaf_at:
                 args[k] = args[k].abs() + 0.5
     launches = {"conv+epilogue": plain}

@@ -1,0 +1,104 @@
+"""backends/conv_gemm.py: 1x1, stride-1 channels-last conv groups offered as a GEMM plan. Which groups
+get the candidate (and why not, under FUSEGRAPH_DEBUG), and, through Triton's interpreter in fp16, that
+its inner plan computes the group (conv, folded batchnorm, residual with or without its own scale,
+activation) as the reference conv + our epilogue kernel does, in the group's output layout."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+import fusegraph as fg
+from conftest import assert_close, single_conv_group
+from fusegraph.backends import conv_gemm
+from fusegraph.backends.conv_kernel import LIBRARY_SOURCES, conv_group_kernel, library_candidates, library_source
+from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
+from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+on_the_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs the kernel on CPU tensors: TRITON_INTERPRET=1")
+
+
+def _group(kind: str, *, k: int = 1, stride: int = 1, layout: str | None = "NHWC", dtype: str = "float16",
+           bias: bool = False) -> ConvGroup:
+    """conv2d (C_in 32 -> 24, k x k) + the inference epilogue `kind` as one ConvGroup."""
+    g = fg.Graph(name=f"conv_gemm_{kind}", compute_dtype="float32")
+    x = g.tensor((2, 32, 6, 5), dtype=dtype, name="x", **({"layout": layout} if layout else {}))
+    w = g.tensor((24, 32, k, k), dtype=dtype, name="w")
+    b = g.tensor((24,), dtype=dtype, name="b") if bias else None
+    y = g.conv2d(x, w, b, stride=stride, padding=k // 2)
+    oh, ow = -(-6 // stride), -(-5 // stride)
+
+    def bn(v: Any, tag: str) -> Any:
+        rm, rv = g.tensor((24,), dtype="float32", name=f"rm{tag}"), g.tensor((24,), dtype="float32", name=f"rv{tag}")
+        gw, gb = g.tensor((24,), dtype=dtype, name=f"gw{tag}"), g.tensor((24,), dtype=dtype, name=f"gb{tag}")
+        return g.batch_norm(v, rm, rv, weight=gw, bias=gb, training=False)
+
+    if kind != "none":
+        y = bn(y, "")
+        if kind in ("residual", "bn_residual"):
+            r = g.tensor((2, 24, oh, ow), dtype=dtype, name="r", **({"layout": layout} if layout else {}))
+            y = g.add(y, bn(r, "r") if kind == "bn_residual" else r)
+        y = g.gelu(y, approximate="tanh") if kind == "gelu" else (g.silu(y) if kind == "silu" else g.relu(y))
+    y.set_output()
+    plan = g.build(device="cpu")
+    (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(item, ConvGroup)
+    return item
+
+
+def _epilogue_kernel(group: ConvGroup) -> Any:
+    from fusegraph.lower import fused_kernel
+    return fused_kernel(group.epilogue, "k_epilogue", "float32", "cpu", {}) if group.epilogue_nodes else None
+
+
+def test_offered_for_dense_channels_last_1x1_stride_1_on_a_gpu_only(capsys: pytest.CaptureFixture[str]) -> None:
+    group = _group("residual")
+    offered = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))
+    assert isinstance(offered.get("conv_as_gemm"), conv_gemm.ConvAsGemm)      # planned, built lazily
+    assert "conv_as_gemm" not in library_candidates(group, "cpu", "k")
+    with override(conv_as_gemm=False):
+        assert "conv_as_gemm" not in library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))
+    with override(debug=1):
+        for label, other in [("k_3x3", _group("residual", k=3)), ("k_s2", _group("residual", stride=2)),
+                             ("k_nchw", _group("residual", layout=None)),
+                             ("k_fp32", _group("residual", dtype="float32"))]:
+            assert "conv_as_gemm" not in library_candidates(other, "cuda", label, "float32", _epilogue_kernel(other))
+        grouped = single_conv_group((2, 32, 6, 5), (24, 16, 1, 1), padding=0, groups=2)
+        assert "conv_as_gemm" not in library_candidates(grouped, "cuda", "k_grouped", "float32",
+                                                        _epilogue_kernel(grouped))
+    printed = capsys.readouterr().out
+    assert "k_3x3: conv as GEMM not used: kernel (3, 3) stride (1, 1)" in printed
+    assert "k_s2: conv as GEMM not used: kernel (1, 1) stride (2, 2)" in printed
+    assert "k_nchw: conv as GEMM not used: input or output not dense channels-last" in printed
+    assert "k_fp32: conv as GEMM not used: dtype float32" in printed
+    assert "k_grouped: conv as GEMM not used:" in printed and "groups 2" in printed
+
+
+@on_the_interpreter
+@pytest.mark.parametrize("kind,bias", [("residual", False), ("bn_residual", False), ("relu", False), ("none", True),
+                                       ("none", False), ("gelu", True), ("silu", False), ("relu", True)])
+def test_the_inner_gemm_plan_computes_the_group(kind: str, bias: bool) -> None:
+    from fusegraph.lower import _example_inputs
+
+    group = _group(kind, bias=bias)
+    launch = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))["conv_as_gemm"]
+    launch.device = "cpu"                                 # the inner plan built here, run by the interpreter
+    args = _example_inputs(group.inputs, "cpu")
+    for k in launch.leaf_at:                              # BN variances positive (as conv_kernel._choose makes them)
+        args[k] = args[k].abs() + 0.5
+    plain = conv_group_kernel(group, "k", "float32", "cpu", {})   # the reference conv + our epilogue kernel
+    (want,), (got,) = plain.launch(args), launch(args)
+    assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
+    assert_close(got, want, tol=5e-3, what=f"conv as GEMM, {kind}")
+    matmuls = [k for k in launch.prepare().kernels if k.kind == "matmul"]
+    assert len(matmuls) == 1 and matmuls[0].backend == "triton"
+    assert len(launch.prepare().kernels) == 1             # the epilogue in the GEMM's store: one kernel
+    source = library_source("conv_as_gemm", launch, "conv2d", "NHWC (channels-last)", group)
+    assert source.startswith(LIBRARY_SOURCES["conv_as_gemm"].split("{")[0]) and "as GEMM [60, 32] x [32, 24]" in source
+    if launch.fused is not None and launch.fused.fold:    # vectors refolded when a BN input changes in place
+        args[launch.leaf_at[-1]].mul_(1.5)
+        assert_close(launch(args)[0], plain.launch(args)[0], tol=5e-3, what=f"{kind} after an in-place update")
