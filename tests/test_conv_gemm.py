@@ -99,6 +99,9 @@ def test_the_inner_gemm_plan_computes_the_group(kind: str, bias: bool) -> None:
     assert len(launch.prepare().kernels) == 1             # the epilogue in the GEMM's store: one kernel
     source = library_source("conv_as_gemm", launch, "conv2d", "NHWC (channels-last)", group)
     assert source.startswith(LIBRARY_SOURCES["conv_as_gemm"].split("{")[0]) and "as GEMM [60, 32] x [32, 24]" in source
+    again = library_candidates(group, "cuda", "k2", "float32", _epilogue_kernel(group))["conv_as_gemm"]
+    again.device = "cpu"
+    assert again.prepare() is launch.prepare()            # one inner plan per GEMM and epilogue form
     if launch.fused is not None and launch.fused.fold:    # vectors refolded when a BN input changes in place
         args[launch.leaf_at[-1]].mul_(1.5)
         assert_close(launch(args)[0], plain.launch(args)[0], tol=5e-3, what=f"{kind} after an in-place update")

@@ -33,6 +33,8 @@ from ..settings import settings
 from . import triton_conv
 
 DTYPES = ("float16", "bfloat16")
+MAX_SHARED_PLANS = 256
+_PLANS: dict[tuple[Any, ...], Any] = {}     # inner plans by GEMM shape and epilogue form (ConvAsGemm.prepare)
 
 
 def debug(name: str, why: str) -> None:
@@ -156,9 +158,20 @@ class ConvAsGemm:
         return g, roles
 
     def prepare(self) -> Any:
+        """The inner plan, shared by every group of the same GEMM and epilogue form in this process
+        (ResNet-50's repeated blocks build each once; a plan without a CUDA graph returns fresh
+        outputs, so sharing it is safe)."""
         if self.plan is None:
             g, self.roles = self._graph()
-            self.plan = g.build(device=self.device, cuda_graphs=False)
+            key = (self.m, self.c_in, self.c_out, self.node.dtype, tuple(self.roles), self.compute_dtype, self.device,
+                   None if self.fused is None else (self.fused.form, self.fused.epi.residual is not None
+                                                     and self.fused.epi.residual.dtype),
+                   len(self.conv_at) == 3 and self.node.inputs[2].dtype)
+            self.plan = _PLANS.get(key)
+            if self.plan is None:
+                if len(_PLANS) >= MAX_SHARED_PLANS:
+                    _PLANS.clear()
+                self.plan = _PLANS[key] = g.build(device=self.device, cuda_graphs=False)
         return self.plan
 
     @property
