@@ -140,9 +140,10 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     """Other implementations of the whole group (conv + epilogue) that apply here, by name: torch's
     fused cuDNN conv+bias+relu, a cuDNN frontend graph: conv + bias + activation, or conv + a CNN
     inference epilogue (per-channel affine, residual add, activation; backends/cudnn_conv_epilogue.py),
-    and our Triton conv (narrow input channels, or 1x1 as a GEMM: backends/triton_conv.py) followed by
+    our Triton conv (narrow input channels, or 1x1 as a GEMM: backends/triton_conv.py) followed by
     `epilogue` (the group's epilogue kernel, as the plain path runs it), or with a CNN inference
-    epilogue fused into its store. Empty off the GPU."""
+    epilogue fused into its store, and a 1x1 stride-1 channels-last conv with that epilogue as a
+    fusegraph GEMM plan (backends/conv_gemm.py). Empty off the GPU."""
     out: dict[str, Any] = {}
     fused = cudnn_fused_relu(group, device)
     if fused is not None:
