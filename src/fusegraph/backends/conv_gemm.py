@@ -194,7 +194,7 @@ class ConvAsGemm:
         feeds = {"x": x.as_strided((self.m, self.c_in), (self.c_in, 1)),
                  "w": in_strides(w, self.w_strides).as_strided((self.c_out, self.c_in), (self.c_in, 1))}
         fused = self.fused
-        if len(self.conv_at) == 3:
+        if "bias" in self.roles:    # else the conv's bias is folded into the shift
             feeds["bias"] = args[self.conv_at[2]]
         if fused is not None:
             feeds.update(fused.vectors(args) or {})
