@@ -3,6 +3,10 @@ kernels (fg.explain) and the CUDA kernels torch's profiler sees in one call, for
 torch.compile side by side.
 
     PYTHONPATH=src python bench/profile_model_gpu.py tv_resnet50 --batch 32 --dtype bfloat16 --channels-last
+    PYTHONPATH=src python bench/profile_model_gpu.py tv_resnet50 --batch 16 --train    # forward + loss + backward
+
+--train profiles one training step (fp32 weights under bf16 autocast, as bench/zoo.py --train, without the
+optimizer) for eager, fusegraph and torch.compile, and lists each fusegraph partition's kernels.
 
 Writes the two tables to stdout (and $OUT/profile_<model>.txt when OUT is set).
 """
@@ -13,6 +17,7 @@ import argparse
 import io
 import os
 import sys
+import time
 from contextlib import redirect_stdout
 from typing import Any
 
@@ -28,10 +33,58 @@ def profile_calls(fn: Any, inputs: tuple[Any, ...], rows: int) -> str:
     for _ in range(3):
         fn(*inputs)
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) / 5 * 1e3
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn(*inputs)
         torch.cuda.synchronize()
-    return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
+    events = prof.key_averages()
+    kernel_ms = sum(e.self_device_time_total for e in events) / 1e3
+    launches = sum(e.count for e in events if e.self_device_time_total > 0)
+    return (f"wall {wall_ms:.2f} ms per call; device time {kernel_ms:.2f} ms in {launches} kernel/memcpy calls\n"
+            + str(events.table(sort_by="cuda_time_total", row_limit=rows)))
+
+
+def train_step(entry: Any, model: torch.nn.Module, fwd: Any, inputs: tuple[Any, ...], target: Any) -> Any:
+    def step(*_: Any) -> None:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fwd(*inputs)
+        entry.loss(out, target).backward()
+    return step
+
+
+def profile_train(args: argparse.Namespace, entry: Any) -> str:
+    model = entry.build("full").to("cuda").train()
+    ex = entry.example(args.batch, torch.float32, "cuda", "full")
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    inputs = tuple(i.to(memory_format=torch.channels_last) if args.channels_last and i.dim() == 4 else i
+                   for i in ex.inputs)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        print(f"== {args.model} training step, batch {args.batch}, bf16 autocast, channels_last={args.channels_last}")
+        print("== eager: CUDA kernels of one step")
+        print(profile_calls(train_step(entry, model, model, inputs, ex.target), (), args.rows))
+        compiled = fg.compile(model)
+        step = train_step(entry, model, compiled, inputs, ex.target)
+        print("== fusegraph: CUDA kernels of one step")
+        print(profile_calls(step, (), args.rows))
+        report = compiled.fusegraph_report
+        print(report)
+        for graph in report.graphs:
+            for part in graph.partitions:
+                print(f"-- {graph.kind} {part.name}: {part.status}, {part.kernels} kernel(s)")
+                for line in part.kernel_ops:
+                    print(f"     {line[:200]}")
+        if not args.no_inductor:
+            torch._dynamo.reset()
+            print("== torch.compile (inductor): CUDA kernels of one step")
+            print(profile_calls(train_step(entry, model, torch.compile(model), inputs, ex.target), (), args.rows))
+    return buf.getvalue()
 
 
 def main() -> None:
@@ -42,8 +95,16 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--train", action="store_true", help="one training step (forward + loss + backward)")
     args = parser.parse_args()
     ensure_torchvision_importable()
+    if args.train:
+        text = profile_train(args, get(args.model))
+        print(text)
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], f"profile_train_{args.model}.txt"), "w") as f:
+                f.write(text)
+        return
     dtype = getattr(torch, args.dtype)
     entry = get(args.model)
     model = entry.build("full").to("cuda", dtype).eval()
