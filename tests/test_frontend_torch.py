@@ -834,3 +834,32 @@ def test_partition_glue_is_generated_and_a_failing_plan_falls_back(built_partiti
     for g_, w_ in zip(again, f(x, y), strict=True):
         assert_close(g_, w_)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batchnorm_training_statistics_run_as_split_reductions(monkeypatch, channels_last):
+    """Batchnorm's statistics are long reductions over few channels (ResNet-50: 64-2048 channels,
+    each summed over N*H*W): each round (mean, then centered variance; the backward's two sums) is
+    its own split reduction and the normalization a separate pointwise kernel, never one kernel
+    looping over the whole batch per block of channels. The size thresholds are lowered so the
+    interpreter runs it on small shapes; outputs, gradients and running statistics match eager."""
+    from fusegraph.fusion import partition
+
+    monkeypatch.setattr(partition, "SPLIT_MIN_WORK", 0)
+    model, x = ConvNet(conv_bias=False), rand(4, 3, 16, 16)   # bn1 reduces 4*16*16 = 1024 per channel
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    twin = copy.deepcopy(model)
+    compiled = _check_training(model, x)
+    twin(x)
+    twin(x)
+    for (name, got), (_, ref) in zip(model.named_buffers(), twin.named_buffers(), strict=True):
+        assert_close(got.float(), ref.float(), what=name)
+    for graph in compiled.fusegraph_report.graphs:
+        plan = graph.partitions[0].plan
+        long = [k for k in plan.kernels if k.kind == "reduction" and "_finish" in k.source]
+        unsplit = [k for k in plan.kernels if k.kind == "reduction" and "_finish" not in k.source
+                   and any(n.op == "sum" and n.inputs[0].spec.numel // n.spec.numel >= 1024 for n in k.nodes)]
+        assert unsplit == [], f"{graph.kind}: {[k.name for k in unsplit]}"
+        # forward: bn1's mean and variance, one split kernel each; backward: bn1's two sums in one
+        assert len(long) >= (2 if graph.kind == "forward" else 1), graph.kind

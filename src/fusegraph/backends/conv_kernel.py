@@ -32,21 +32,29 @@ def conv_launch(node: Node, compute_dtype: str, device: str, allow_tf32: bool = 
     """Tensors -> the convolution's result in the node's memory layout. fp32 runs exact (the
     reference's semantics) unless the build allowed TF32 (build(allow_tf32=True))."""
     dense = node.spec.memory_strides
-    channels_last = node.op == "conv2d" and node.spec.layout == "NHWC"
     tf32 = allow_tf32 and node.dtype == "float32"
-    native = device.startswith("cuda") and node.op == "conv2d" and (node.dtype in ("float16", "bfloat16") or tf32)
+    native = device.startswith("cuda") and (node.dtype in ("float16", "bfloat16") or tf32)
+    if node.op != "conv2d":
+        # the gradients: cuDNN's dgrad / wgrad in the operands' dtype, channels-last when the layout
+        # pass made the activations NHWC (the data gradient's output keeps grad_out's layout)
+        channels_last = any(i.spec.layout == "NHWC" for i in node.inputs)
+        native_backward = cudnn.conv2d_input_grad if node.op == "conv2d_backward_input" else cudnn.conv2d_weight_grad
+    else:
+        channels_last = node.spec.layout == "NHWC"
 
     def launch(args: Sequence[torch.Tensor]) -> torch.Tensor:
         if native:  # cuDNN in the operands' dtype (fp32 accumulation inside)
             x, w = args[0], args[1]
-            bias = args[2] if len(args) == 3 else None
             attrs = node.attrs
             with _tf32() if tf32 else contextlib.nullcontext():
-                if channels_last:
-                    out = cudnn.conv2d_channels_last(x, w, bias, attrs)
+                if node.op != "conv2d":
+                    out = native_backward(x, w, attrs, channels_last)
+                elif channels_last:
+                    out = cudnn.conv2d_channels_last(x, w, args[2] if len(args) == 3 else None, attrs)
                 else:
-                    out = F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
-                                   dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
+                    out = F.conv2d(x, w, args[2] if len(args) == 3 else None, stride=attrs.get("stride", 1),
+                                   padding=attrs.get("padding", 0), dilation=attrs.get("dilation", 1),
+                                   groups=attrs.get("groups", 1))
         else:
             out = run_node(node, list(args), compute_dtype, args[0].device)
         if out.stride() != dense and out.numel() > 1:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..ir.registry import get_op
+
 SDPA_BACKENDS = ("cudnn", "flash", "efficient")
 
 
@@ -51,6 +53,32 @@ def conv2d_channels_last(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     w = w.contiguous(memory_format=torch.channels_last)
     return F.conv2d(x, w, bias, stride=attrs.get("stride", 1), padding=attrs.get("padding", 0),
                     dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
+
+
+def _conv_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, attrs: Any,
+                   mask: list[bool]) -> torch.Tensor:
+    stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
+    grads = torch.ops.aten.convolution_backward(grad_out, x, w, None, list(stride), list(padding), list(dilation),
+                                                False, [0, 0], groups, mask)
+    return grads[0] if mask[0] else grads[1]
+
+
+def conv2d_input_grad(grad_out: torch.Tensor, w: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
+    """The data gradient of conv2d (cuDNN's dgrad) in the operands' dtype; the forward's input is
+    only a shape here (an expanded scalar: nothing is read or allocated). Channels-last operands
+    give a channels-last result."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = grad_out.new_empty(1).expand(tuple(attrs["input_shape"]))
+    return _conv_backward(grad_out.contiguous(memory_format=fmt), x, w.contiguous(memory_format=fmt), attrs,
+                          [True, False, False])
+
+
+def conv2d_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
+    """The weight gradient of conv2d (cuDNN's wgrad) in the operands' dtype (fp32 accumulation inside)."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    w = x.new_empty(1).expand(tuple(attrs["weight_shape"]))
+    return _conv_backward(grad_out.contiguous(memory_format=fmt), x.contiguous(memory_format=fmt), w, attrs,
+                          [False, True, False])
 
 
 class SdpaBackwardWithLse:

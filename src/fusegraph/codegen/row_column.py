@@ -37,7 +37,7 @@ class RowColumnWriter(ColumnSplitWriter):
         row, col = pair.row, pair.col
         dom = row.domain
         rows, cols = dom.kept_numel, dom.reduced_numel
-        if self._is_column() or self.wide or 1 << max(cols - 1, 0).bit_length() > max_block:
+        if self.group.column or self.wide or 1 << max(cols - 1, 0).bit_length() > max_block:
             raise NotEligible("the row does not fit in registers as a contiguous tile")
         reduces = [e for e in col.entries if e.kind == "reduce"]
         # a full reduction over the rows (of per-row values): [ROWS, 1] accumulators, one partial

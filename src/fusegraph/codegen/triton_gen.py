@@ -46,7 +46,6 @@ def jit_head(name: str, params: str) -> str:
 
 INT32_LIMIT = 2**31 - 1
 LOG2E = 1.4426950408889634
-SPLIT_MIN_EXTENT = 512    # column reductions at least this long are split across programs
 
 
 @dataclass
@@ -66,12 +65,11 @@ class GeneratedKernel:
 
 def generate(group: KernelGroup, name: str) -> GeneratedKernel:
     if group.domain.is_reduction:
-        writer = _ReductionWriter(group, name)
-        if writer.splittable():
+        if group.splittable:
             from .column_split import ColumnSplitWriter
 
             return ColumnSplitWriter(group, name).write_split()
-        return writer.write()
+        return _ReductionWriter(group, name).write()
     return _PointwiseWriter(group, name).write()
 
 
@@ -526,7 +524,7 @@ class _ReductionWriter(_Writer):
     def write(self) -> GeneratedKernel:
         dom = self.domain
         rows, cols = dom.kept_numel, dom.reduced_numel
-        self.column = self._is_column()
+        self.column = self.group.column
         ax = 0 if self.column else 1
         r_tile = "[None, :]" if self.column else "[:, None]"
         c_tile = "[:, None]" if self.column else "[None, :]"
@@ -593,28 +591,6 @@ class _ReductionWriter(_Writer):
         for e in entries:
             if e.kind == "load":
                 self.value(e, "mask" if e.full else "rmask", dimvar, indent)
-
-    def _is_column(self) -> bool:
-        """Reduce along the tile's first axis when the contiguous dim of the main operand is kept."""
-        full = [e for e in self.group.loads if e.full]
-        if not full or not self.domain.kept:
-            return False
-        node, emb = full[0].node, full[0].emb
-        big = [k for k in range(len(node.shape)) if node.shape[k] > 1 and emb[k] is not None]
-        if not big:
-            return False
-        inner = min(big, key=lambda k: abs(node.spec.memory_strides[k]))
-        return domain_dim(emb[inner]) in self.domain.kept
-
-    def splittable(self) -> bool:
-        """A column reduction over many rows, with one round of reductions, whose per-element
-        results (if any) do not wait for it: split the rows across programs (partials, and the
-        per-element stores of their rows, e.g. an activation's gradient whose column sums are the
-        bias gradient), then reduce the partials."""
-        entries = self.group.entries
-        column_like = self._is_column() or not self.domain.kept   # a full reduction is one column
-        return (column_like and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
-                and all(e.stage <= 1 for e in entries) and all(not e.full or e.stage == 0 for e in self.group.stores))
 
     def _reduce_single(self, e: Entry, ax: int) -> None:
         combine = get_op(e.node.op).extra["combine"]

@@ -48,6 +48,16 @@ SMALL_NUMEL = 1 << 16
 # nearly everything (values along a chain are judged in one pass); later rounds catch values whose
 # cost changed with the new kernels.
 MATERIALIZE_ROUNDS = 3
+# Column reductions at least this long are split across programs (codegen/column_split.py). Long
+# reductions with fewer kept values than these and at least SPLIT_MIN_WORK elements in all are never
+# fused in a way that stops the split (KernelGroup.needs_split). Column: the unsplit kernel runs one
+# program per 64-column block, fewer than codegen/configs.py's TARGET_PROGRAMS (528). Row: one
+# program per row, fewer than half an H100/H200's 132 SMs (a looped row kernel with more rows
+# keeps its one pass over the data: online softmax's max and sum, GPT-2's loss over 127 rows).
+SPLIT_MIN_EXTENT = 512
+SPLIT_MAX_KEPT_COLUMN = 64 * 528
+SPLIT_MAX_KEPT_ROW = 132 // 2
+SPLIT_MIN_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,47 @@ class KernelGroup:
             if e.kind in ("op", "gen", "view", "reduce"):
                 seen.setdefault(e.node.id, e.node)
         return list(seen.values())
+
+    @property
+    def column(self) -> bool:
+        """A reduction along the tile's first axis: the contiguous dim of the main operand is kept."""
+        full = [e for e in self.loads if e.full]
+        if not full or not self.domain.kept:
+            return False
+        node, emb = full[0].node, full[0].emb
+        big = [k for k in range(len(node.shape)) if node.shape[k] > 1 and emb[k] is not None]
+        if not big:
+            return False
+        inner = min(big, key=lambda k: abs(node.spec.memory_strides[k]))
+        return domain_dim(emb[inner]) in self.domain.kept
+
+    @property
+    def long_reduction(self) -> bool:
+        """A reduction of at least SPLIT_MIN_EXTENT elements per kept value."""
+        return self.domain.is_reduction and self.domain.reduced_numel >= SPLIT_MIN_EXTENT
+
+    @property
+    def splittable(self) -> bool:
+        """A long column reduction (or a full one: one column, or a row reduction that needs_split)
+        with one round of reductions, whose per-element results (if any) do not wait for it: its
+        reduced elements can be split across programs (partials, and the per-element stores of
+        their slice, e.g. an activation's gradient whose column sums are the bias gradient), then
+        the partials reduced (codegen/column_split.py)."""
+        return (self.long_reduction and (self.column or not self.domain.kept or self.needs_split)
+                and all(e.stage <= 1 for e in self.entries) and all(not e.full or e.stage == 0 for e in self.stores))
+
+    @property
+    def needs_split(self) -> bool:
+        """A long reduction over too few kept values for the unsplit kernel to fill the GPU: one
+        program per 64-column block of a column reduction, one per row of a looped row reduction
+        (batchnorm's statistics: 64-2048 channels, each summed over N*H*W, in NHWC or NCHW). It must
+        stay splittable: fused with a second round of reductions or with stores that wait for the
+        sums it would run on a handful of programs, and gain little, since the loops over a long
+        reduction re-read their data anyway. Small ones (under SPLIT_MIN_WORK elements) are left
+        alone: a second launch would cost more than it saves."""
+        dom = self.domain
+        few = SPLIT_MAX_KEPT_COLUMN if self.column else SPLIT_MAX_KEPT_ROW
+        return self.long_reduction and dom.kept_numel < few and dom.kept_numel * dom.reduced_numel >= SPLIT_MIN_WORK
 
 
 @dataclass
@@ -531,12 +582,21 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
             trace_group(trial, boundary)
         except TraceError:
             continue
-        if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}):
+        if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}) \
+                or _stops_split(trial, group, alone):
             continue
         group.domain, group.anchors = trial.domain, trial.anchors
         group.entries, group.loads, group.stores = trial.entries, trial.loads, trial.stores
         return group
     return None
+
+
+def _stops_split(merged: KernelGroup, *parts: KernelGroup) -> bool:
+    """Would this merge turn splittable long column reductions into one that needs a split but
+    cannot have it (KernelGroup.needs_split)? A part that was such a kernel already does not count."""
+    def stuck(g: KernelGroup) -> bool:
+        return g.needs_split and not g.splittable
+    return stuck(merged) and not any(stuck(p) for p in parts)
 
 
 def _pair_rows_with_columns(groups: list[KernelGroup], ancestors: dict[int, int], external: set[int],
@@ -712,7 +772,8 @@ def _merge_same_domain(groups: list[KernelGroup], group_of: dict[int, KernelGrou
                 except TraceError:
                     failed.add(key)
                     continue
-                if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}):
+                if _cyclic(trial, ancestors, bits) or reads_through_kernels(trial, group_of, library or {}) \
+                        or _stops_split(trial, first, second):
                     failed.add(key)
                     continue
                 first.anchors, first.entries, first.loads, first.stores = \
