@@ -863,3 +863,37 @@ def test_batchnorm_training_statistics_run_as_split_reductions(monkeypatch, chan
         assert unsplit == [], f"{graph.kind}: {[k.name for k in unsplit]}"
         # forward: bn1's mean and variance, one split kernel each; backward: bn1's two sums in one
         assert len(long) >= (2 if graph.kind == "forward" else 1), graph.kind
+
+
+@pytest.mark.parametrize("nhwc_saved", [True, False])
+def test_channels_last_activations_cross_to_the_backward_without_copies(nhwc_saved):
+    """A bf16 conv net's training graphs run channels-last (the layout pass). With nhwc_saved the
+    forward returns the activations it saves in that layout and the backward declares them so:
+    no layout copies in either plan but the user-facing ones (the input, and the 4-D output, which
+    the backward also reads for the last relu, and its gradient); off, each saved activation costs a
+    copy to row-major and one back, and the saved activations come back row-major."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+    x = rand(2, 3, 8, 8)
+    twin = copy.deepcopy(model)
+    with override(use_triton=False, nhwc_saved=nhwc_saved):
+        compiled = fg.compile(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = compiled(x)
+        projection = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        (out.float() * projection).sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = twin(x)
+    (ref.float() * projection).sum().backward()
+    assert_close(out.float(), ref.float(), tol=2e-2, what="forward")
+    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        assert_close(p.grad, q.grad, tol=3e-2, what=f"grad {name}")
+    conversions = {g.kind: sum(n.op == "to_layout" for n in g.partitions[0].plan.graph.nodes)
+                   for g in compiled.fusegraph_report.graphs}
+    forward_outputs = compiled.fusegraph_report.graphs[0].partitions[0].plan.graph.outputs
+    channels_last = [o.name for o in forward_outputs if o.spec.rank == 4 and o.spec.layout == "NHWC"]
+    if nhwc_saved:   # forward: the input in, the output out; backward: the output and its gradient in
+        assert conversions == {"forward": 2, "backward": 2}
+        assert len(channels_last) >= 4, channels_last   # the convolutions' inputs and outputs, saved
+    else:            # (here the layout pass then keeps the whole net row-major: the copies cost more)
+        assert channels_last == []

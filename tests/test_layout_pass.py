@@ -225,3 +225,18 @@ def test_explicit_row_major_strides_count_as_nchw() -> None:
     assert all(n.spec.layout == "NHWC" for n in plan.graph.nodes if n.op == "conv2d")
     xt = rand(2, 8, 6, 6, dtype=torch.float16)
     assert_close(plan(xt), fg.reference(g)(xt), what="explicit row-major strides")
+
+
+def test_layout_outputs_come_back_channels_last_without_a_copy() -> None:
+    """build(layout_outputs=[k]): output k (a saved activation, for the torch backend) keeps the
+    NHWC layout its region got; the plan returns a channels-last tensor with the right values."""
+    g, _, _ = _conv_bn_relu_constant("float16")
+    plan = g.build(device="cpu", layout_outputs=[0])
+    assert "to_layout" not in [op for k in plan.kernels for op in k.ops]
+    assert plan.graph.outputs[0].spec.layout == "NHWC"
+    xt = rand(2, 8, 6, 6, dtype=torch.float16)
+    out = plan(xt)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert_close(out, fg.reference(g)(xt), what="conv+bn+relu, NHWC output")
+    with pytest.raises(InvalidValueError, match="layout_outputs"):
+        g.build(device="cpu", layout_outputs=[1])

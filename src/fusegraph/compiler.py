@@ -55,7 +55,10 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     held_outputs (graph_outputs="reuse": positions of the outputs a caller may keep past the next call,
     whose small buffers are then cloned; absent = all; the torch backend leaves out saved activations),
     pad_outputs (positions of outputs the caller takes with padded rows, reading the returned strides:
-    misaligned large ones get them, passes/pad_align.py; the torch backend's saved activations).
+    misaligned large ones get them, passes/pad_align.py; the torch backend's saved activations),
+    layout_outputs (positions of 4-D outputs the caller takes in the layout the layout pass chose for
+    them, reading the returned strides: channels-last ones are not copied back to row-major; the
+    torch backend's saved activations, which the backward's plan then reads channels-last).
     """
     device = default_device(device)
     start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
@@ -73,7 +76,9 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
     mark("decompose + passes")
     # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
-    primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)))(primitive)
+    free_layout = check_positions("layout_outputs", options.get("layout_outputs", ()), len(graph.outputs))
+    primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)),
+                            free_layout)(primitive)
     pad_at = check_positions("pad_outputs", options.get("pad_outputs", ()), len(graph.outputs))
     if pad_at:   # outputs the caller takes with padded rows (passes/pad_align.py)
         primitive = Pass("pad_outputs", lambda g: pad_outputs(g, pad_at))(primitive)

@@ -162,6 +162,10 @@ _register("pad_saved", bool, lambda: True,
           "the backward's plan reads it so. Its readers on both sides then load whole aligned vectors. On by "
           "default since the odd-row kernels split full blocks from the last one: GPT-2's step 17.933 against "
           "18.138 ms without it (bench/results/ab_gpt2_pad_saved_20261201_2050.txt).")
+_register("nhwc_saved", bool, lambda: True,
+          "Training: a 4-D activation saved for the backward that the forward's plan computes channels-last "
+          "(around tensor-core convolutions, passes/layout.py) is returned so, and the backward's plan reads "
+          "it so: no copy to row-major in the forward and back to channels-last in the backward.")
 _register("sink_shared_reshapes", bool, lambda: False,
           "sink_reshapes also moves a reshape of a matmul result below several same-shape pointwise readers "
           "when the result or its reshape is a graph output (a training forward's activation function then "

@@ -362,8 +362,9 @@ class CompiledPartition(torch.nn.Module):
                     gapped_at[len(plan_outputs) - 1] = (out.name, tuple(val.stride()))
                     out_strides.append(tuple(val.stride()))   # with its gaps, if the plan can make it a view
                 elif out.name in self._padded_saved and isinstance(val, torch.Tensor):
+                    # the plan's own layout (pad_outputs; 4-D: layout_outputs, channels-last kept)
                     padded_at[len(plan_outputs) - 1] = (out.name, len(self._out_vals) - 1)
-                    out_strides.append(None)   # the plan's own layout (pad_outputs)
+                    out_strides.append(None)
                 else:
                     out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
             position = next(i for i, t in enumerate(plan_outputs) if t is value)
@@ -380,7 +381,9 @@ class CompiledPartition(torch.nn.Module):
         if plan_outputs:
             g.set_output(*plan_outputs)
             held = {} if self._held is None else {"held_outputs": sorted(kept)}
-            padded = {"pad_outputs": sorted(padded_at)} if padded_at else {}
+            padded = {"pad_outputs": sorted(padded_at)} if padded_at and settings.pad_saved else {}
+            if settings.nhwc_saved and any(plan_outputs[k].spec.rank == 4 for k in padded_at):
+                padded["layout_outputs"] = sorted(k for k in padded_at if plan_outputs[k].spec.rank == 4)
             self.plan = g.build(device=None if self._device is None else self._device.type,
                                 **{"output_strides": out_strides, **held, **padded, **build_options})
             if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
@@ -599,8 +602,9 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
     gapped_saved = {name for name, val in saved_only.items()
                     if not is_non_overlapping_and_dense(val) and dense_strides_in_order(val) is not None} \
         if settings.saved_views else set()
-    padded_saved = {name for name, val in saved_only.items() if val.is_contiguous() and val.dim() >= 2} \
-        if settings.pad_saved else set()
+    # saved activations returned in the plan's own layout: padded rows (pad_saved), channels-last (nhwc_saved)
+    padded_saved = {name for name, val in saved_only.items() if val.is_contiguous() and val.dim() >= 2
+                    and (settings.pad_saved or (settings.nhwc_saved and val.dim() == 4))}
     for node, reason in support.reasons.items():   # write-backs: not an op of the model (record.mutations)
         if node.target is not operator.getitem and write_back_input(node) is None:
             record.fallbacks[(op_name(node), reason)] += 1

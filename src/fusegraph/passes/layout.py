@@ -23,6 +23,7 @@ would cost (build(conv_layout="NHWC"|"NCHW") forces either way); FUSEGRAPH_DEBUG
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -232,8 +233,12 @@ def _view_folds_nhwc(view: Node, value: Node) -> bool:
     return fold(value.spec, view.attrs, strides, 0) is not None
 
 
-def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False) -> tuple[Graph, list[LayoutDecision]]:
-    """The graph with tensor-core convolution regions in NHWC (see the module doc), and the decisions."""
+def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False,
+                  free_outputs: Collection[int] = ()) -> tuple[Graph, list[LayoutDecision]]:
+    """The graph with tensor-core convolution regions in NHWC (see the module doc), and the decisions.
+    `free_outputs`: positions of graph outputs the caller takes in whatever layout their region got
+    (a training forward's saved activations, which the backward then reads so): no copy back to
+    row-major for them."""
     if mode == "NCHW":
         return graph, []
     convs = [n for n in graph.nodes if tensor_core_conv(n, allow_tf32 or mode == "NHWC")]
@@ -241,7 +246,7 @@ def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False) ->
         return graph, []
     regions = layout_regions(graph)
     users = graph.users()
-    outputs = {n.id for n in graph.outputs}
+    outputs = {n.id for k, n in enumerate(graph.outputs) if k not in free_outputs}   # those copied back
     members: dict[int, list[Node]] = {}
     for node in graph.nodes:
         if _activation(node) and not _is_conversion(node) and node.id in regions.parent:
@@ -261,7 +266,7 @@ def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False) ->
             print(f"[fusegraph] {graph.name}: {d}")
     if not chosen:
         return graph, decisions
-    return _relayout(graph, chosen, users, outputs), decisions
+    return _relayout(graph, chosen, users, frozenset(free_outputs)), decisions
 
 
 def _single_conv_reader(node: Node, users: dict[int, list[Node]]) -> bool:
@@ -308,7 +313,7 @@ def _converted_weight(w: Node) -> bool:
             and not already_nhwc(w))
 
 
-def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outputs: set[int]) -> Graph:
+def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], free_outputs: frozenset[int]) -> Graph:
     mapping: dict[int, Node] = {}
     entry: dict[int, Node] = {}     # graph input id -> its NHWC copy
     leave: dict[int, Node] = {}     # NHWC value id -> its row-major copy
@@ -345,20 +350,22 @@ def _relayout(graph: Graph, chosen: set[int], users: dict[int, list[Node]], outp
         new = node.replace(inputs=inputs) if changed else node
         mapping[node.id] = _nhwc(new) if node.id in chosen else new
     outs = []
-    for o in graph.outputs:
+    for k, o in enumerate(graph.outputs):
         new = mapping[o.id]
-        if o.id in chosen and o.op != "input" and not already_nhwc(o):  # NHWC already in the user's graph: kept
+        # NHWC already in the user's graph, or an output the caller takes in any layout: kept
+        if o.id in chosen and o.op != "input" and not already_nhwc(o) and k not in free_outputs:
             new = leave.get(o.id) or _conversion(new, "contiguous", "nchw")
             leave[o.id] = new
         outs.append(new)
     return graph.with_(outputs=tuple(outs))
 
 
-def layout_pass(mode: str = "auto", allow_tf32: bool = False) -> Pass:
-    """The `layout` pass for build(): choose_layout with the build's conv_layout and allow_tf32 options."""
+def layout_pass(mode: str = "auto", allow_tf32: bool = False, free_outputs: Collection[int] = ()) -> Pass:
+    """The `layout` pass for build(): choose_layout with the build's conv_layout, allow_tf32 and
+    layout_outputs options."""
     if mode not in ("auto", "NHWC", "NCHW"):
         from ..errors import InvalidValueError
         raise InvalidValueError(f"build option conv_layout={mode!r}: use 'auto', 'NHWC' or 'NCHW'")
-    return Pass("layout", lambda graph: choose_layout(graph, mode, allow_tf32)[0],
+    return Pass("layout", lambda graph: choose_layout(graph, mode, allow_tf32, free_outputs)[0],
                 "NHWC for tensor-core convolutions and the pointwise chains around them, one copy per "
                 "graph boundary")
