@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ..fusion.epilogue import ConvGroup
 from ..ir.node import Node
 from ..ir.registry import Cost, get_op
+from ..passes.layout import already_nhwc
 from ..reference import run_node
 from ..runtime.kernel import Kernel
 from ..settings import settings
@@ -36,8 +37,9 @@ def conv_launch(node: Node, compute_dtype: str, device: str, allow_tf32: bool = 
     native = device.startswith("cuda") and (node.dtype in ("float16", "bfloat16") or tf32)
     if node.op != "conv2d":
         # the gradients: cuDNN's dgrad / wgrad in the operands' dtype, channels-last when the layout
-        # pass made the activations NHWC (the data gradient's output keeps grad_out's layout)
-        channels_last = any(i.spec.layout == "NHWC" for i in node.inputs)
+        # pass made the activations NHWC or they arrive so (saved activations declared with NHWC
+        # strides); the data gradient's output keeps grad_out's layout
+        channels_last = any(already_nhwc(i) for i in node.inputs[:1 if node.op == "conv2d_backward_input" else 2])
         native_backward = cudnn.conv2d_input_grad if node.op == "conv2d_backward_input" else cudnn.conv2d_weight_grad
     else:
         channels_last = node.spec.layout == "NHWC"
