@@ -48,6 +48,17 @@ def profile_calls(fn: Any, inputs: tuple[Any, ...], rows: int) -> str:
             + str(events.table(sort_by="cuda_time_total", row_limit=rows)))
 
 
+def profile_stacks(fn: Any, rows: int) -> str:
+    """The torch ops called from Python (not our generated kernels) that cost device time, grouped
+    by the Python stack that called them: where copies and conversions come from."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages(group_by_stack_n=6)
+    return str(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60))
+
+
 def train_step(entry: Any, model: torch.nn.Module, fwd: Any, inputs: tuple[Any, ...], target: Any) -> Any:
     def step(*_: Any) -> None:
         model.zero_grad(set_to_none=True)
@@ -73,6 +84,9 @@ def profile_train(args: argparse.Namespace, entry: Any) -> str:
         step = train_step(entry, model, compiled, inputs, ex.target)
         print("== fusegraph: CUDA kernels of one step")
         print(profile_calls(step, (), args.rows))
+        if args.stacks:
+            print("== fusegraph: torch ops that launch kernels, by Python stack (device time)")
+            print(profile_stacks(step, args.rows))
         report = compiled.fusegraph_report
         print(report)
         for graph in report.graphs:
@@ -96,6 +110,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--train", action="store_true", help="one training step (forward + loss + backward)")
+    parser.add_argument("--stacks", action="store_true", help="--train: also the torch ops by Python stack")
     args = parser.parse_args()
     ensure_torchvision_importable()
     if args.train:
