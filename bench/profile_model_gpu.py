@@ -49,14 +49,27 @@ def profile_calls(fn: Any, inputs: tuple[Any, ...], rows: int) -> str:
 
 
 def profile_stacks(fn: Any, rows: int) -> str:
-    """The torch ops called from Python (not our generated kernels) that cost device time, grouped
-    by the Python stack that called them: where copies and conversions come from."""
+    """The torch ops called from Python (not our generated kernels) that launch device work, with
+    their input shapes and the Python stack that called them, by total device time: where copies
+    and layout conversions come from."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
+                                            torch.profiler.ProfilerActivity.CUDA],
+                                with_stack=True, record_shapes=True) as prof:
         fn()
         torch.cuda.synchronize()
-    events = prof.key_averages(group_by_stack_n=6)
-    return str(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60))
+    spent: dict[tuple[str, str, str], list[float]] = {}
+    for e in prof.events():
+        kernels = [k for k in getattr(e, "kernels", []) if not k.name.startswith("fg_")]
+        if not kernels or not e.name.startswith("aten::"):
+            continue
+        stack = " <- ".join(line.split("/")[-1] for line in (e.stack or [])[:4])
+        key = (e.name, str(e.input_shapes)[:90], stack)
+        entry = spent.setdefault(key, [0.0, 0])
+        entry[0] += sum(k.duration for k in kernels)
+        entry[1] += 1
+    lines = [f"{us:9.1f} us {n:4d}x {name} {shapes}\n              {stack}"
+             for (name, shapes, stack), (us, n) in sorted(spent.items(), key=lambda kv: -kv[1][0])[:rows]]
+    return "\n".join(lines)
 
 
 def train_step(entry: Any, model: torch.nn.Module, fwd: Any, inputs: tuple[Any, ...], target: Any) -> Any:
