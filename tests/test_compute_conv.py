@@ -118,24 +118,25 @@ def test_cudnn_fused_conv_relu_candidate_only_for_a_relu_epilogue() -> None:
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("case", [dict(stride=1, padding=1, groups=1), dict(stride=2, padding=0, groups=2)])
+@pytest.mark.parametrize("case", [dict(stride=1, padding=1, groups=1, dilation=1),
+                                  dict(stride=2, padding=0, groups=2, dilation=1),    # output padding 1
+                                  dict(stride=2, padding=2, groups=1, dilation=2)])
 def test_native_conv_gradients_match_torch(channels_last: bool, case: dict) -> None:
     """The GPU path of conv2d_backward_input / _weight (cuDNN's dgrad / wgrad in the operands' dtype,
     channels-last operands kept so) computes what torch.nn.grad does; run here on CPU in fp32."""
     from fusegraph.backends import cudnn
 
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 4, 9, 9, generator=gen)
+    x = torch.randn(2, 4, 10, 10, generator=gen)
     w = torch.randn(6, 4 // case["groups"], 3, 3, generator=gen)
-    out = torch.nn.functional.conv2d(x, w, stride=case["stride"], padding=case["padding"], groups=case["groups"])
+    out = torch.nn.functional.conv2d(x, w, **case)
     g = torch.randn(out.shape, generator=gen)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     xs, ws, gs = (t.contiguous(memory_format=fmt) for t in (x, w, g))
     attrs = {**case, "input_shape": tuple(x.shape), "weight_shape": tuple(w.shape)}
     dx = cudnn.conv2d_input_grad(gs, ws, attrs, channels_last)
     dw = cudnn.conv2d_weight_grad(xs, gs, attrs, channels_last)
-    params = {k: case[k] for k in ("stride", "padding", "groups")}
-    assert_close(dx, torch.nn.grad.conv2d_input(x.shape, w, g, **params))
-    assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, g, **params))
+    assert_close(dx, torch.nn.grad.conv2d_input(x.shape, w, g, **case))
+    assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, g, **case))
     assert dx.shape == x.shape and dw.shape == w.shape
     assert dx.is_contiguous(memory_format=fmt)

@@ -55,30 +55,29 @@ def conv2d_channels_last(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
                     dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
 
 
-def _conv_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, attrs: Any,
-                   mask: list[bool]) -> torch.Tensor:
-    stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
-    grads = torch.ops.aten.convolution_backward(grad_out, x, w, None, list(stride), list(padding), list(dilation),
-                                                False, [0, 0], groups, mask)
-    return grads[0] if mask[0] else grads[1]
-
-
 def conv2d_input_grad(grad_out: torch.Tensor, w: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
-    """The data gradient of conv2d (cuDNN's dgrad) in the operands' dtype; the forward's input is
-    only a shape here (an expanded scalar: nothing is read or allocated). Channels-last operands
-    give a channels-last result."""
+    """The data gradient of conv2d (cuDNN's dgrad) in the operands' dtype: the transposed
+    convolution of grad_out with the weight, its output padding chosen to give back the forward's
+    input shape. Its result takes grad_out's memory format (channels-last in, channels-last out;
+    aten.convolution_backward would take it from the forward's input, which here is only a shape,
+    and return a 1x1 convolution's gradient row-major, to be copied back)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    x = grad_out.new_empty(1).expand(tuple(attrs["input_shape"]))
-    return _conv_backward(grad_out.contiguous(memory_format=fmt), x, w.contiguous(memory_format=fmt), attrs,
-                          [True, False, False])
+    stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
+    in_hw, out_hw, k_hw = attrs["input_shape"][2:], grad_out.shape[2:], w.shape[2:]
+    output_padding = [in_hw[i] - ((out_hw[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k_hw[i] - 1) + 1)
+                      for i in range(2)]
+    return F.conv_transpose2d(grad_out.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt), None,
+                              stride, padding, output_padding, groups, dilation)
 
 
 def conv2d_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
     """The weight gradient of conv2d (cuDNN's wgrad) in the operands' dtype (fp32 accumulation inside)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    w = x.new_empty(1).expand(tuple(attrs["weight_shape"]))
-    return _conv_backward(grad_out.contiguous(memory_format=fmt), x.contiguous(memory_format=fmt), w, attrs,
-                          [False, True, False])
+    stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
+    w = x.new_empty(1).expand(tuple(attrs["weight_shape"]))   # only a shape: nothing read or allocated
+    return torch.ops.aten.convolution_backward(grad_out.contiguous(memory_format=fmt), x.contiguous(memory_format=fmt),
+                                               w, None, list(stride), list(padding), list(dilation), False, [0, 0],
+                                               groups, [False, True, False])[1]
 
 
 class SdpaBackwardWithLse:
