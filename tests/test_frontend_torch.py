@@ -309,6 +309,53 @@ def test_max_pool_training_compiles_with_torchs_indices(ceil_mode):
     assert compiled.fusegraph_report.fallback_ops == {}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batched", [True, False])
+def test_our_max_pool_backward_decomposition_matches_torch(dtype, batched):
+    """Where torch has no decomposition of max_pool2d_with_indices_backward (2.11, the GPU's), ours
+    (a scatter-add of the gradient to the indices, fp32 sums for bf16) gives torch's gradient."""
+    from fusegraph.frontends.torch_backend import max_pool2d_backward_by_scatter
+
+    x = rand(2, 3, 9, 11).to(dtype)
+    x[0, :, :4, :4] = 0.0                       # ties: several windows pick one position
+    if not batched:
+        x = x[0]
+    out, idx = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
+    grad = rand(*out.shape).to(dtype)
+    want = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+    got = max_pool2d_backward_by_scatter(grad, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert_close(got.float(), want.float(), tol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_max_pool_training_without_torchs_decomposition(monkeypatch):
+    """With torch's own decomposition absent (torch 2.11), ours is in the table: the backward still
+    compiles whole, nothing falls back, and the gradients match eager."""
+    from torch._decomp import decomposition_table as torch_table
+
+    from fusegraph.frontends import torch_backend
+
+    op = torch.ops.aten.max_pool2d_with_indices_backward.default
+    monkeypatch.delitem(torch_table, op, raising=False)
+    torch_backend._decompositions.cache_clear()
+    try:
+        assert torch_backend.decomposition_table()[op] is torch_backend.max_pool2d_backward_by_scatter
+        torch.manual_seed(0)
+        model = MaxPoolNet()
+        ref = copy.deepcopy(model)
+        x = rand(2, 3, 9, 11)
+        compiled = fg.compile(model)
+        compiled(x).square().sum().backward()
+        ref(x).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert_close(p.grad, q.grad, tol=1e-5, what=f"grad {name}")
+        assert compiled.fusegraph_report.fallback_ops == {}
+        assert "aten.scatter_add.default" in compiled.fusegraph_report.compiled_ops
+    finally:
+        monkeypatch.undo()            # torch's table back before the cached table is rebuilt
+        torch_backend._decompositions.cache_clear()
+
+
 def test_sdpa_inference_and_training():
     model, x = Attention(), rand(2, 4, 16)
     with torch.no_grad():

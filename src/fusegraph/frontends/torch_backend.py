@@ -67,11 +67,31 @@ def _decompositions(keep: frozenset[Any]) -> dict[Any, Callable[..., Any]]:
     table = {op: fn for op, fn in core_aten_decompositions().items()
              if getattr(op, "overloadpacket", None) not in keep}
     # max pooling's backward: the gradient scattered to the forward's indices (zeros + scatter_add),
-    # which the forward's translator computes as torch does (frontends/torch_ops_more.py)
+    # which the forward's translator computes as torch does (frontends/torch_ops_more.py); torch's own
+    # decomposition where it has one (2.13), else ours (2.11 has none: the op would run eagerly)
     backward = torch.ops.aten.max_pool2d_with_indices_backward.default
-    if backward in torch_decompositions:
-        table[backward] = torch_decompositions[backward]
+    table[backward] = torch_decompositions.get(backward, max_pool2d_backward_by_scatter)
     return table
+
+
+def max_pool2d_backward_by_scatter(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any,
+                                   padding: Any, dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> Any:
+    """max_pool2d_with_indices' input gradient: each output gradient added at the input position its
+    index names (an index counts positions within one input plane, h * W + w). fp16/bf16 gradients
+    are summed in fp32 (overlapping windows add several into one position), then rounded once.
+    Deterministic mode keeps torch's own kernel (scatter_add accumulates in no fixed order)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return NotImplemented
+    batched = x.dim() == 4
+    if not batched:
+        grad_output, x, indices = grad_output.unsqueeze(0), x.unsqueeze(0), indices.unsqueeze(0)
+    n, c, h, w = x.shape
+    low = grad_output.dtype in (torch.float16, torch.bfloat16)
+    acc = torch.float32 if low else grad_output.dtype
+    src = grad_output.reshape(n, c, -1).to(acc)
+    grad = grad_output.new_zeros((n, c, h * w), dtype=acc).scatter_add(2, indices.reshape(n, c, -1), src)
+    grad = grad.reshape(n, c, h, w).to(grad_output.dtype)
+    return grad if batched else grad.squeeze(0)
 
 
 def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:
