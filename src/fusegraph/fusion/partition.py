@@ -592,8 +592,9 @@ def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[
 
 
 def _stops_split(merged: KernelGroup, *parts: KernelGroup) -> bool:
-    """Would this merge turn splittable long column reductions into one that needs a split but
-    cannot have it (KernelGroup.needs_split)? A part that was such a kernel already does not count."""
+    """Would this merge make a kernel that needs a split but cannot have it (KernelGroup.needs_split:
+    a second round of reductions, or stores waiting for the sums)? Not when a part was such a
+    kernel already: the merge then costs no split."""
     def stuck(g: KernelGroup) -> bool:
         return g.needs_split and not g.splittable
     return stuck(merged) and not any(stuck(p) for p in parts)
