@@ -289,3 +289,29 @@ def test_constants_are_made_once_and_outputs_do_not_alias_them() -> None:
     c1.zero_()                                  # the user's copy, not the plan's constant
     y2, c2 = plan(t)
     assert torch.equal(c2, torch.arange(N, dtype=torch.float32)) and torch.equal(y, y2)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batchnorm_statistics_at_resnet_size_stay_split_reductions(channels_last) -> None:
+    """Training batchnorm over [16, 64, 56, 56] (ResNet-50's first stage, NCHW or channels-last) at
+    the default thresholds: the mean and the centered variance are split reductions (partials +
+    finish: 50176 elements per channel, 64 channels) and the normalization a pointwise kernel,
+    not one kernel looping over the batch per block of channels (KernelGroup.needs_split).
+    Built only (the structure); the interpreter checks the numerics on small shapes elsewhere."""
+    g = fg.Graph(name="bn_train")
+    shape = (16, 64, 56, 56)
+    strides = (64 * 56 * 56, 1, 56 * 64, 64) if channels_last else None
+    x = g.tensor(shape, dtype="float16", name="x", strides=strides)
+    xf = g.cast(x, "float32")
+    mean = g.mean(xf, (0, 2, 3), keepdim=True)
+    centered = g.sub(xf, mean)
+    var = g.mean(g.mul(centered, centered), (0, 2, 3), keepdim=True)
+    y = g.cast(g.mul(centered, g.rsqrt(g.add(var, 1e-5))), "float16")
+    y.set_output()
+    mean.set_output()
+    var.set_output()
+    plan = g.build(device="cpu")
+    reductions = [k for k in plan.kernels if k.kind == "reduction"]
+    assert len(reductions) == 2 and all("_finish" in k.source for k in reductions), \
+        [(k.name, k.ops) for k in plan.kernels]
+    assert [k.kind for k in plan.kernels].count("pointwise") == 1
