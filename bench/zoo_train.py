@@ -10,7 +10,9 @@ judged against an fp32 eager step: fusegraph fails when its error exceeds 2x eag
 error + 5e-3 (bench/torch_backend_gpu.py's rule); fp32 runs (CPU) against an fp64 step, 2x eager-fp32's
 error + 1e-4. Step time: events around each step, median of N
 steps after warm-up. Compile time: torch.compile's first step; fusegraph's first forward + backward (the
-correctness check's, which compiles it; its first timed step then runs compiled graphs).
+correctness check's, which compiles it; its first timed step then runs compiled graphs). Peak memory
+(CUDA): torch.cuda.max_memory_allocated over the steps after the first (weights, gradients, AdamW state and
+the step's own tensors, the same model for all three; fusegraph's plans are freed before torch.compile runs).
 MFU (GPT-2): 6 * parameters * tokens / step time / 989 TFLOP/s (H100/H200 SXM dense bf16 peak;
 parameters counted once with the tied embedding, position embeddings included; attention FLOPs not
 counted).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -66,12 +69,15 @@ def make_step(m: ZooModel, model: torch.nn.Module, fwd: Callable[..., Any], inpu
     return step
 
 
-def step_times_ms(step: Callable[[], Any], steps: int, dev: str) -> tuple[float, float]:
-    """(first step's seconds, median step ms over `steps` after 2 warm-up steps)."""
+def step_times_ms(step: Callable[[], Any], steps: int, dev: str) -> tuple[float, float, float | None]:
+    """(first step's seconds, median step ms over `steps` after 2 warm-up steps, peak MiB allocated
+    over those later steps: weights, gradients, optimizer state and the step's own memory; CUDA only)."""
     t0 = time.perf_counter()
     step()
     sync(dev)
     first = time.perf_counter() - t0
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
         step()
     times = []
@@ -87,7 +93,8 @@ def step_times_ms(step: Callable[[], Any], steps: int, dev: str) -> tuple[float,
             t = time.perf_counter()
             step()
             times.append((time.perf_counter() - t) * 1e3)
-    return first, statistics.median(times)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None
+    return first, statistics.median(times), peak
 
 
 def train_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -134,15 +141,19 @@ def train_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
                max_rel_err_vs_eager=max(rel_err(o, e) for o, e in zip(ours, eager, strict=True)))
 
     steps = 3 if args.cpu_smoke else (5 if args.quick else 10)
-    _, row["eager_step_ms"] = step_times_ms(make_step(m, model, model, ex.inputs, ex.target, autocast, dev), steps, dev)
+    _, row["eager_step_ms"], row["eager_peak_mib"] = step_times_ms(
+        make_step(m, model, model, ex.inputs, ex.target, autocast, dev), steps, dev)
     model.load_state_dict(state)
-    row["fusegraph_first_step_s"], row["fusegraph_step_ms"] = step_times_ms(
+    row["fusegraph_first_step_s"], row["fusegraph_step_ms"], row["fusegraph_peak_mib"] = step_times_ms(
         make_step(m, model, compiled, ex.inputs, ex.target, autocast, dev), steps, dev)
     if not args.cpu_smoke:
+        del compiled   # its plans' buffers (CUDA graph pools) are not torch.compile's peak
         model.load_state_dict(state)
         torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
         by_inductor = torch.compile(model)
-        row["inductor_first_step_s"], row["inductor_step_ms"] = step_times_ms(
+        row["inductor_first_step_s"], row["inductor_step_ms"], row["inductor_peak_mib"] = step_times_ms(
             make_step(m, model, by_inductor, ex.inputs, ex.target, autocast, dev), steps, dev)
         row["speedup_vs_inductor"] = row["inductor_step_ms"] / row["fusegraph_step_ms"]
     row["speedup_vs_eager"] = row["eager_step_ms"] / row["fusegraph_step_ms"]
@@ -161,20 +172,22 @@ def train_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown_train(rows: list[dict[str, Any]], header: str) -> str:
     lines = [header, "", "| model | batch | ok (worst) | eager ms | inductor ms | fusegraph ms | vs inductor "
-             "| vs eager | compile s (ind/fg) | MFU eager/ind/fg | fallback ops |", "|" + "---|" * 11]
+             "| vs eager | compile s (ind/fg) | peak MiB eager/ind/fg | MFU eager/ind/fg | fallback ops |",
+             "|" + "---|" * 12]
     for r in rows:
         if "error" in r or "skipped" in r:
             lines.append(f"| {r['model']} | | {'ERROR' if 'error' in r else 'skipped'}: "
-                         f"{str(r.get('error') or r.get('skipped'))[:120]} |" + " |" * 8)
+                         f"{str(r.get('error') or r.get('skipped'))[:120]} |" + " |" * 9)
             continue
 
         def f(key: str, spec: str = ".2f", row: dict[str, Any] = r) -> str:
             return format(row[key], spec) if isinstance(row.get(key), int | float) else "-"
         mfu = "/".join(f(f"{w}_mfu", ".1%") for w in ("eager", "inductor", "fusegraph")) if "tokens" in r else "-"
+        peak = "/".join(f(f"{w}_peak_mib", ".0f") for w in ("eager", "inductor", "fusegraph"))
         lines.append(f"| {r['model']} | {r['batch']} | {r['ok']} ({r['worst']}) | {f('eager_step_ms')} | "
                      f"{f('inductor_step_ms')} | {f('fusegraph_step_ms')} | {f('speedup_vs_inductor')} | "
                      f"{f('speedup_vs_eager')} | {f('inductor_first_step_s', '.1f')}/"
-                     f"{f('fusegraph_compile_s', '.1f')} | {mfu} | "
+                     f"{f('fusegraph_compile_s', '.1f')} | {peak} | {mfu} | "
                      f"{', '.join(o.replace('aten.', '') for o in r['fallback_ops']) or '-'} |")
     return "\n".join(lines)
 
