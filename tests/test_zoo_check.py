@@ -30,3 +30,19 @@ def test_an_all_zero_reference_fails_the_check():
     ref = torch.randn(4, 10)
     assert zoo.check(ref.clone(), ref, None, torch.float32)["ok"] is True
     assert zoo.check(ref + 1.0, ref, None, torch.float32)["ok"] is False
+
+
+def test_training_table_shows_compile_time_and_peak_memory():
+    """bench/zoo.py --train's table: fusegraph's compile time (its first forward + backward), not its
+    first timed step, beside torch.compile's first step; peak MiB per implementation; a skipped row
+    keeps the column count."""
+    import zoo_train
+
+    row = {"model": "tv_resnet50", "batch": 64, "ok": True, "worst": "fc.bias", "eager_step_ms": 29.7,
+           "inductor_step_ms": 27.2, "fusegraph_step_ms": 13.9, "speedup_vs_inductor": 1.96, "speedup_vs_eager": 2.14,
+           "inductor_first_step_s": 38.7, "fusegraph_first_step_s": 0.2, "fusegraph_compile_s": 52.0,
+           "eager_peak_mib": 5000.0, "inductor_peak_mib": 4000.0, "fusegraph_peak_mib": 3000.0, "fallback_ops": {}}
+    table = zoo_train.markdown_train([row, {"model": "hf_gpt2", "skipped": "time budget"}], "## t")
+    lines = table.splitlines()
+    assert "| 38.7/52.0 | 5000/4000/3000 |" in lines[-2]
+    assert lines[-2].count("|") == lines[2].count("|") == lines[-1].count("|")
