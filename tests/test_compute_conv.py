@@ -134,8 +134,8 @@ def test_native_conv_gradients_match_torch(channels_last: bool, case: dict) -> N
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     xs, ws, gs = (t.contiguous(memory_format=fmt) for t in (x, w, g))
     attrs = {**case, "input_shape": tuple(x.shape), "weight_shape": tuple(w.shape)}
-    dx = cudnn.conv2d_input_grad(gs, ws, attrs, channels_last)
-    dw = cudnn.conv2d_weight_grad(xs, gs, attrs, channels_last)
+    dx = cudnn.conv2d_input_grad(attrs, g.shape[2:], w.shape[2:], channels_last)(gs, ws)
+    dw = cudnn.conv2d_weight_grad(attrs, channels_last)(xs, gs)
     assert_close(dx, torch.nn.grad.conv2d_input(x.shape, w, g, **case))
     assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, g, **case))
     assert dx.shape == x.shape and dw.shape == w.shape

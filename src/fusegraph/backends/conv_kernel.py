@@ -39,8 +39,13 @@ def conv_launch(node: Node, compute_dtype: str, device: str, allow_tf32: bool = 
         # the gradients: cuDNN's dgrad / wgrad in the operands' dtype, channels-last when the layout
         # pass made the activations NHWC or they arrive so (saved activations declared with NHWC
         # strides); the data gradient's output keeps grad_out's layout
-        channels_last = any(already_nhwc(i) for i in node.inputs[:1 if node.op == "conv2d_backward_input" else 2])
-        native_backward = cudnn.conv2d_input_grad if node.op == "conv2d_backward_input" else cudnn.conv2d_weight_grad
+        if node.op == "conv2d_backward_input":
+            channels_last = already_nhwc(node.inputs[0])
+            native_backward = cudnn.conv2d_input_grad(node.attrs, node.inputs[0].shape[2:], node.inputs[1].shape[2:],
+                                                      channels_last)
+        else:
+            channels_last = already_nhwc(node.inputs[0]) or already_nhwc(node.inputs[1])
+            native_backward = cudnn.conv2d_weight_grad(node.attrs, channels_last)
     else:
         channels_last = node.spec.layout == "NHWC"
 
@@ -49,8 +54,8 @@ def conv_launch(node: Node, compute_dtype: str, device: str, allow_tf32: bool = 
             x, w = args[0], args[1]
             attrs = node.attrs
             with _tf32() if tf32 else contextlib.nullcontext():
-                if node.op != "conv2d":
-                    out = native_backward(x, w, attrs, channels_last)
+                if node.op != "conv2d":   # (grad_out, weight) or (x, grad_out)
+                    out = native_backward(args[0], args[1])
                 elif channels_last:
                     out = cudnn.conv2d_channels_last(x, w, args[2] if len(args) == 3 else None, attrs)
                 else:

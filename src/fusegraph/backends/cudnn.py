@@ -4,7 +4,7 @@ picked. Each function is one candidate implementation of a Kernel."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,29 +55,40 @@ def conv2d_channels_last(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
                     dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
 
 
-def conv2d_input_grad(grad_out: torch.Tensor, w: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
-    """The data gradient of conv2d (cuDNN's dgrad) in the operands' dtype: the transposed
-    convolution of grad_out with the weight, its output padding chosen to give back the forward's
-    input shape. Its result takes grad_out's memory format (channels-last in, channels-last out;
-    aten.convolution_backward would take it from the forward's input, which here is only a shape,
-    and return a 1x1 convolution's gradient row-major, to be copied back)."""
+def conv2d_input_grad(attrs: Any, grad_hw: Sequence[int], kernel_hw: Sequence[int],
+                      channels_last: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(grad_out, weight) -> the data gradient of conv2d (cuDNN's dgrad) in the operands' dtype: the
+    transposed convolution of grad_out with the weight, its output padding chosen (once, here) to
+    give back the forward's input shape. Its result takes grad_out's memory format (channels-last
+    in, channels-last out; aten.convolution_backward would take it from the forward's input, which
+    here is only a shape, and return a 1x1 convolution's gradient row-major, to be copied back)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
-    in_hw, out_hw, k_hw = attrs["input_shape"][2:], grad_out.shape[2:], w.shape[2:]
-    output_padding = [in_hw[i] - ((out_hw[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k_hw[i] - 1) + 1)
+    in_hw = attrs["input_shape"][2:]
+    output_padding = [in_hw[i] - ((grad_hw[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel_hw[i] - 1) + 1)
                       for i in range(2)]
-    return F.conv_transpose2d(grad_out.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt), None,
-                              stride, padding, output_padding, groups, dilation)
+
+    def run(grad_out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv_transpose2d(grad_out.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt), None,
+                                  stride, padding, output_padding, groups, dilation)
+    return run
 
 
-def conv2d_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, attrs: Any, channels_last: bool) -> torch.Tensor:
-    """The weight gradient of conv2d (cuDNN's wgrad) in the operands' dtype (fp32 accumulation inside)."""
+def conv2d_weight_grad(attrs: Any, channels_last: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(x, grad_out) -> the weight gradient of conv2d (cuDNN's wgrad) in the operands' dtype (fp32
+    accumulation inside); the weight is only a shape (an expanded scalar: nothing read or allocated)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
-    w = x.new_empty(1).expand(tuple(attrs["weight_shape"]))   # only a shape: nothing read or allocated
-    return torch.ops.aten.convolution_backward(grad_out.contiguous(memory_format=fmt), x.contiguous(memory_format=fmt),
-                                               w, None, list(stride), list(padding), list(dilation), False, [0, 0],
-                                               groups, [False, True, False])[1]
+    pairs = [list(stride), list(padding), list(dilation)]
+    weight_shape = tuple(attrs["weight_shape"])
+
+    def run(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+        w = x.new_empty(1).expand(weight_shape)
+        grads = torch.ops.aten.convolution_backward(grad_out.contiguous(memory_format=fmt),
+                                                    x.contiguous(memory_format=fmt), w, None, *pairs, False, [0, 0],
+                                                    groups, [False, True, False])
+        return grads[1]
+    return run
 
 
 class SdpaBackwardWithLse:

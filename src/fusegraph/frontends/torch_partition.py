@@ -216,15 +216,16 @@ class CompiledPartition(torch.nn.Module):
                  constant_args: dict[int, torch.Tensor] | None = None,
                  held: frozenset[int] | None = None, arg_strides: dict[int, tuple[int, ...]] | None = None,
                  gapped_saved: set[str] | None = None, record_saved: dict[str, tuple[int, ...]] | None = None,
-                 padded_saved: set[str] | None = None) -> None:
+                 own_layout_saved: set[str] | None = None) -> None:
         super().__init__()
-        # saved activations crossing to the backward with gaps (views of a larger result, no copy) or
-        # padded rows: the backward's inputs declared with those strides (arg_strides, by position);
-        # the forward's outputs that may be returned so (gapped_saved / padded_saved, by node name),
+        # saved activations crossing to the backward with gaps (views of a larger result, no copy),
+        # padded rows or channels-last: the backward's inputs declared with those strides (arg_strides,
+        # by position);
+        # the forward's outputs that may be returned so (gapped_saved / own_layout_saved, by node name),
         # recorded in record_saved when they are
         self._arg_strides = arg_strides or {}
         self._gapped_saved = gapped_saved or set()
-        self._padded_saved = padded_saved or set()
+        self._own_layout_saved = own_layout_saved or set()
         self._record_saved = record_saved
         # storages of the graph outputs a caller may keep (None: all): the plan outputs sharing none
         # of them are never kept past the next call (build option held_outputs)
@@ -333,7 +334,7 @@ class CompiledPartition(torch.nn.Module):
         out_strides: list[tuple[int, ...] | None] = []
         kept: set[int] = set()   # plan outputs a caller may keep
         gapped_at: dict[int, tuple[str, tuple[int, ...]]] = {}   # plan output -> (name, traced strides)
-        padded_at: dict[int, tuple[str, int]] = {}   # plan output -> (name, index in _out_vals)
+        own_layout_at: dict[int, tuple[str, int]] = {}   # plan output -> (name, index in _out_vals)
         self._device = devices.pop() if len(devices) == 1 else None
         for out in out_nodes:
             value = env[out] if isinstance(out, torch.fx.Node) else None
@@ -361,9 +362,9 @@ class CompiledPartition(torch.nn.Module):
                 if out.name in self._gapped_saved and isinstance(val, torch.Tensor):
                     gapped_at[len(plan_outputs) - 1] = (out.name, tuple(val.stride()))
                     out_strides.append(tuple(val.stride()))   # with its gaps, if the plan can make it a view
-                elif out.name in self._padded_saved and isinstance(val, torch.Tensor):
-                    # the plan's own layout (pad_outputs; 4-D: layout_outputs, channels-last kept)
-                    padded_at[len(plan_outputs) - 1] = (out.name, len(self._out_vals) - 1)
+                elif out.name in self._own_layout_saved and isinstance(val, torch.Tensor):
+                    # the plan's own layout (pad_outputs: padded rows; layout_outputs: 4-D, channels-last kept)
+                    own_layout_at[len(plan_outputs) - 1] = (out.name, len(self._out_vals) - 1)
                     out_strides.append(None)
                 else:
                     out_strides.append(boundary_strides(val) if isinstance(val, torch.Tensor) else None)
@@ -381,17 +382,20 @@ class CompiledPartition(torch.nn.Module):
         if plan_outputs:
             g.set_output(*plan_outputs)
             held = {} if self._held is None else {"held_outputs": sorted(kept)}
-            padded = {"pad_outputs": sorted(padded_at)} if padded_at and settings.pad_saved else {}
-            if settings.nhwc_saved and any(plan_outputs[k].spec.rank == 4 for k in padded_at):
-                padded["layout_outputs"] = sorted(k for k in padded_at if plan_outputs[k].spec.rank == 4)
+            own: dict[str, list[int]] = {}
+            if own_layout_at and settings.pad_saved:
+                own["pad_outputs"] = sorted(own_layout_at)
+            four_d = sorted(k for k in own_layout_at if plan_outputs[k].spec.rank == 4)
+            if four_d and settings.nhwc_saved:
+                own["layout_outputs"] = four_d
             self.plan = g.build(device=None if self._device is None else self._device.type,
-                                **{"output_strides": out_strides, **held, **padded, **build_options})
+                                **{"output_strides": out_strides, **held, **own, **build_options})
             if self._record_saved is not None:   # the saved activations the plan returns as views, with gaps
                 for k, (name, traced) in gapped_at.items():
                     spec = self.plan.graph.outputs[k].spec
                     if same_strides(tuple(spec.shape), tuple(spec.memory_strides), traced):
                         self._record_saved[name] = traced
-                for k, (name, at) in padded_at.items():   # returned padded: not restrided to the traced layout
+                for k, (name, at) in own_layout_at.items():   # in the plan's layout: not restrided to the traced one
                     spec = self.plan.graph.outputs[k].spec
                     if not same_strides(tuple(spec.shape), tuple(spec.memory_strides),
                                          tuple(self._out_vals[at].stride())):
@@ -603,7 +607,7 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
                     if not is_non_overlapping_and_dense(val) and dense_strides_in_order(val) is not None} \
         if settings.saved_views else set()
     # saved activations returned in the plan's own layout: padded rows (pad_saved), channels-last (nhwc_saved)
-    padded_saved = {name for name, val in saved_only.items() if val.is_contiguous() and val.dim() >= 2
+    own_layout_saved = {name for name, val in saved_only.items() if val.is_contiguous() and val.dim() >= 2
                     and (settings.pad_saved or (settings.nhwc_saved and val.dim() == 4))}
     for node, reason in support.reasons.items():   # write-backs: not an op of the model (record.mutations)
         if node.target is not operator.getitem and write_back_input(node) is None:
@@ -629,7 +633,7 @@ def partition_graph(gm: torch.fx.GraphModule, kind: str, build_options: dict[str
                        and a.op == "placeholder" and a.name in saved_strides}
         compiled = CompiledPartition(sub, input_vals, part, build_options, warn, static_args, constant_args, held,
                                      arg_strides, gapped_saved, saved_strides if kind == "forward" else None,
-                                     padded_saved)
+                                     own_layout_saved)
         setattr(split, str(node.target), compiled)
         record.partitions.append(part)
     split.recompile()
@@ -686,7 +690,7 @@ def _saved_only(gm: torch.fx.GraphModule, partitions: Sequence[Any],
                 held_outputs: Sequence[int] | None) -> dict[str, torch.Tensor]:
     """A forward's saved activations (outputs past `held_outputs`) computed inside a partition and read
     by nothing outside it, by name, with their traced values: its plan may choose their layout (a
-    view with gaps instead of a copy, padded rows), which the backward then declares."""
+    view with gaps instead of a copy, padded rows, channels-last), which the backward then declares."""
     values = _output_values(gm)
     if values is None or held_outputs is None:
         return {}
