@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fusegraph as fg
 from conftest import assert_close, rand
 from fusegraph.frontends.saved_recompute import _recipe
+from fusegraph.frontends.torch_partition import FallbackWarning
 from fusegraph.settings import override
 
 aten = torch.ops.aten
@@ -159,3 +160,93 @@ def test_values_rooted_at_a_gemm_output_are_recomputed_from_it_when_that_saves_b
     (bwd,) = [k for k in kernels["backward"] if "tanh" in [n.op for n in k.nodes]]
     assert [n.dtype for n in fwd.outputs] == ["float16"], fwd.outputs        # only the down projection's input
     assert sorted(n.dtype for n in bwd.inputs) == ["float16", "float32"], bwd.inputs   # h and the gradient
+
+
+class ConvNet(nn.Module):
+    """conv -> batchnorm -> relu twice, then a residual block's end relu(bn(conv) + x): each relu
+    output is a convolution's input, which its weight gradient reads in the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.c3, self.b3 = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+        self.c4 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.b1(self.c1(x)))
+        h = torch.relu(self.b2(self.c2(h)))
+        h = torch.relu(self.b3(self.c3(h)) + h)
+        return self.c4(h)
+
+
+def conv_step(mode: str, batch: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor], Any, Any]:
+    """One compiled training step of ConvNet under recompute_materialized=mode: (gradients, running
+    statistics, forward Plan, backward Plan); the gradients are checked against eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ConvNet()
+    eager = ConvNet()
+    eager.load_state_dict(model.state_dict())
+    x, proj = rand(batch, 3, 8, 8), rand(batch, 4, 8, 8)
+    with override(recompute_materialized=mode):
+        compiled = fg.compile(model)
+        (compiled(x) * proj).sum().backward()
+    (eager(x) * proj).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert_close(p.grad, q.grad, tol=1e-4, what="grad")
+    for b, c in zip(model.buffers(), eager.buffers(), strict=True):   # running statistics updated once
+        assert_close(b.float(), c.float(), tol=1e-5, what="buffer")
+    plans = {g.kind: [p.plan for p in g.partitions if p.plan is not None] for g in compiled.fusegraph_report.graphs}
+    (fwd,), (bwd,) = plans["forward"], plans["backward"]
+    return [p.grad for p in model.parameters()], list(model.buffers()), fwd, bwd
+
+
+def _saved_bytes(plan: Any) -> int:
+    return sum(o.spec.nbytes for o in plan.graph.outputs if len(o.shape) == 4)
+
+
+def test_relu_of_batchnorm_read_by_a_convolution_is_recomputed_from_the_saved_statistics() -> None:
+    """With 'all' the three relu outputs (each a convolution's input) leave the saved set except the
+    one the residual relu reads (a recipe's leaf stays saved); the backward rebuilds each from its
+    convolution's output and the batch mean and 1/std the forward saved, so the gradients and the
+    running statistics stay eager's."""
+    _, _, fwd_off, bwd_off = conv_step("off")
+    _, _, fwd_all, bwd_all = conv_step("all")
+    act = 4 * 8 * 8 * 8 * 4          # one [4, 8, 8, 8] fp32 activation
+    assert _saved_bytes(fwd_off) - _saved_bytes(fwd_all) == 2 * act, (_saved_bytes(fwd_off), _saved_bytes(fwd_all))
+    assert len([n for n in bwd_all.graph.inputs if len(n.shape) == 4]) < \
+        len([n for n in bwd_off.graph.inputs if len(n.shape) == 4])
+    # no batch statistics are recomputed: the backward reduces over the batch only for gradients
+    assert sum(k.kind == "reduction" for k in bwd_all.kernels) == sum(k.kind == "reduction" for k in bwd_off.kernels)
+
+
+def test_held_recomputes_only_what_the_captured_step_holds_beyond_eager() -> None:
+    """'held' stops once the bytes dropped cover the gradients and the non-parameter inputs: at a
+    batch where those are smaller than one activation, one activation is recomputed (the largest);
+    'all' recomputes two."""
+    grads = sum(p.numel() for p in ConvNet().parameters()) * 4
+    batch = 64
+    act = batch * 8 * 8 * 8 * 4
+    assert grads + batch * 3 * 8 * 8 * 4 < act
+    _, _, fwd_off, _ = conv_step("off", batch)
+    _, _, fwd_held, _ = conv_step("held", batch)
+    assert _saved_bytes(fwd_off) - _saved_bytes(fwd_held) == act
+
+
+def test_unknown_mode_warns_and_runs_eagerly() -> None:
+    """A bad setting is a typed error inside the compiler, which the backend turns into a warning
+    naming the setting and an eager graph: the step still runs and matches eager."""
+    torch._dynamo.reset()
+    model, eager = ConvNet(), ConvNet()
+    eager.load_state_dict(model.state_dict())
+    x = rand(2, 3, 8, 8)
+    with override(recompute_materialized="sometimes"), \
+            pytest.warns(FallbackWarning, match="recompute_materialized='sometimes'"):
+        fg.compile(model)(x).sum().backward()
+    eager(x).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert_close(p.grad, q.grad, tol=1e-5, what="grad")
+    torch._dynamo.reset()

@@ -29,11 +29,15 @@ turns it off; the min-cut partitioner (setting recompute) does this and more, by
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from ..errors import InvalidValueError
+from ..settings import settings
 from .loss_rewrite import BACKWARD, backward_nodes
 
 aten = torch.ops.aten
@@ -44,7 +48,7 @@ PASS_THROUGH = frozenset({aten.detach.default, aten.alias.default, prims.convert
                           aten._to_copy.default})
 
 
-def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
+def recompute_saved_pointwise(gm: fx.GraphModule, num_fwd_outputs: int | None = None) -> int:
     """Rewrite the joint graph as the module doc says; returns how many saved values were dropped."""
     graph = gm.graph
     nodes = list(graph.nodes)
@@ -79,30 +83,101 @@ def recompute_saved_pointwise(gm: fx.GraphModule) -> int:
             if any(leaf in recipes for leaf in _leaves(recipes[value])):
                 del recipes[value]
                 changed = True
+    materialized = _materialized(gm, backward, read_by_backward, recipes, num_fwd_outputs)
     position = {n: i for i, n in enumerate(nodes)}
+    # a recomputed tensor goes before its first backward reader, or the first reader of a pointwise
+    # recipe that reads it (a detach of a ReLU output, for the ReLU's gradient)
+    first: dict[fx.Node, list[fx.Node]] = {v: [u for u in v.users if u in backward] for v in materialized}
     for value, recipe in recipes.items():
+        for leaf in _leaves(recipe) & materialized.keys():
+            first[leaf] += [u for u in value.users if u in backward]
+    done: dict[fx.Node, fx.Node] = {}
+    for value, recipe in [*materialized.items(), *recipes.items()]:
         users = sorted((u for u in value.users if u in backward), key=position.__getitem__)
         copies: dict[fx.Node, fx.Node] = {}
-        with graph.inserting_before(users[0]):
+        with graph.inserting_before(min(first.get(value, users), key=position.__getitem__)):
             for op in recipe:                       # producers first
-                copy = graph.node_copy(op, lambda n: copies.get(n, n))
+                if _batchnorm_output(op) is not None:
+                    copies[op] = _emit_batchnorm(graph, op, copies)
+                    continue
+                copy = graph.node_copy(op, lambda n: copies.get(n, done.get(n, n)))
                 copy.meta = dict(op.meta)
                 copy.meta["partitioner_tag"] = BACKWARD
                 copies[op] = copy
+        done[value] = copies[value]
         for user in users:
             user.replace_input_with(value, copies[value])
+    recipes.update(materialized)
     if recipes:
         graph.lint()
         gm.recompile()
     return len(recipes)
 
 
-def _recipe(value: fx.Node, saved: set[fx.Node], through_saved: bool = False) -> list[fx.Node] | None:
+def _materialized(gm: fx.GraphModule, backward: set[fx.Node], saved: set[fx.Node],
+                  taken: dict[fx.Node, list[fx.Node]], num_fwd_outputs: int | None) -> dict[fx.Node, list[fx.Node]]:
+    """Saved values that a non-pointwise backward op reads (a convolution's input for its weight
+    gradient: ReLU(batchnorm(conv)) in ResNet) and that are pointwise functions of values saved anyway:
+    recomputed in the backward into a fresh tensor there, largest first, as setting
+    recompute_materialized says: 'held' until the bytes dropped cover what a captured training step
+    holds beyond eager (the gradients, which stay in the backward's graph memory, and the forward's
+    inputs that are not parameters, which it copies into its own), 'all' every one, 'off' none."""
+    mode = settings.recompute_materialized
+    if mode == "off":
+        return {}
+    if mode not in ("held", "all"):
+        raise InvalidValueError(f"setting recompute_materialized={mode!r}: use 'held', 'all' or 'off'")
+    candidates = []
+    for value in saved - set(taken):
+        if all(_cheap(u) for u in value.users if u in backward):
+            continue    # pointwise readers only: the rules above decided it
+        if value.meta["val"].dim() < 2:
+            continue    # a counter or per-channel statistics: a launch for no memory
+        recipe = _recipe(value, saved, materialize=True)
+        if recipe is not None:
+            candidates.append((value, recipe))
+    if not candidates:
+        return {}
+    budget = _held_bytes(gm, num_fwd_outputs) if mode == "held" else float("inf")
+    chosen: dict[fx.Node, list[fx.Node]] = {}
+    blocked: set[fx.Node] = set()   # leaves of chosen recipes: they stay saved
+    for value, recipe in sorted(candidates, key=lambda c: -_nbytes(c[0])):
+        if budget <= 0:
+            break
+        leaves = _leaves(recipe)
+        if value in blocked or leaves & (set(chosen) | set(taken)):
+            continue    # a recipe reads saved values only (a pointwise recipe may read this one's copy)
+        chosen[value] = recipe
+        blocked |= leaves
+        budget -= _nbytes(value)
+    return chosen
+
+
+def _held_bytes(gm: fx.GraphModule, num_fwd_outputs: int | None) -> int:
+    """Bytes a captured training step keeps allocated that eager's step has not at its peak (the
+    start of the backward): every gradient (the backward's outputs, in its graph's memory from one
+    step to the next) and every primal input without a gradient (the batch, which the captured
+    forward copies into its own buffer). The joint graph returns the forward's outputs, then one
+    gradient (or None) per primal input, in order."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(output.args[0])
+    primals = [p for p in gm.graph.nodes if p.op == "placeholder" and str(p.target).startswith("primals")]
+    if num_fwd_outputs is None or len(outs) - num_fwd_outputs != len(primals):
+        return sum(_nbytes(a) for a in outs if isinstance(a, fx.Node) and a.op != "placeholder")
+    grads = outs[num_fwd_outputs:]
+    return sum(_nbytes(g) if isinstance(g, fx.Node) else _nbytes(p) for g, p in zip(grads, primals, strict=True))
+
+
+def _recipe(value: fx.Node, saved: set[fx.Node], through_saved: bool = False,
+            materialize: bool = False) -> list[fx.Node] | None:
     """The ops computing `value` from saved values or inputs, producers first; None when there is none
     within MAX_CHAIN cheap ops whose tensor leaves are no larger than `value`. `through_saved`: walk
     through saved cheap values and views too, down to the non-pointwise producers (or inputs) they
-    come from; those leaves may not be saved yet (the caller weighs them)."""
-    if not _cheap(value):
+    come from; those leaves may not be saved yet (the caller weighs them). `materialize` (the value
+    is recomputed into a tensor of its own): a training batchnorm's output counts as pointwise too,
+    from its input and the mean and 1/std it saves, and the leaves may be up to twice the value's
+    bytes (they are saved anyway: this bounds the reads the recompute costs, not the memory)."""
+    if not (_cheap(value) or (materialize and _batchnorm_output(value, saved) is not None)):
         return None
     chain: list[fx.Node] = []
     leaves: set[fx.Node] = set()
@@ -122,23 +197,76 @@ def _recipe(value: fx.Node, saved: set[fx.Node], through_saved: bool = False) ->
         elif node is not value and node in saved:
             leaves.add(node)
             return True
-        if not (_cheap(node) or (through_saved and _view(node))) or len(chain) >= MAX_CHAIN:
+        norm = _batchnorm_output(node, saved) if materialize else None
+        if not (_cheap(node) or norm is not None or (through_saved and _view(node))) or len(chain) >= MAX_CHAIN:
             return False
-        if not all(visit(arg) for arg in node.all_input_nodes):
+        if not all(visit(arg) for arg in (norm if norm is not None else node.all_input_nodes)):
             return False
         chain.append(node)
         return True
 
     if not visit(value) or not leaves:
         return None
-    if sum(_nbytes(leaf) for leaf in leaves) > _nbytes(value):
+    if sum(_nbytes(leaf) for leaf in leaves) > _nbytes(value) * (2 if materialize else 1):
         return None
     return chain
 
 
 def _leaves(recipe: list[fx.Node]) -> set[fx.Node]:
     inside = set(recipe)
-    return {arg for op in recipe for arg in op.all_input_nodes if arg not in inside}
+    return {arg for op in recipe for arg in (_batchnorm_output(op) or op.all_input_nodes) if arg not in inside}
+
+
+BATCHNORM = aten._native_batch_norm_legit_functional.default
+
+
+def _batchnorm_output(node: fx.Node, saved: set[fx.Node] | None = None) -> list[fx.Node] | None:
+    """For the output (item 0) of a training batchnorm whose mean and 1/std (items 1 and 2) exist as
+    nodes (and, given `saved`, are saved for the backward): [input, mean, 1/std, weight, bias] (the
+    tensors among them), what it is recomputed from. None for any other node."""
+    if node.op != "call_function" or node.target is not operator.getitem or node.args[1] != 0:
+        return None
+    norm = node.args[0]
+    if not isinstance(norm, fx.Node) or norm.target is not BATCHNORM or not norm.args[5]:
+        return None
+    stats = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
+    if 1 not in stats or 2 not in stats or (saved is not None and not {stats[1], stats[2]} <= saved):
+        return None
+    x, weight, bias = norm.args[0], norm.args[1], norm.args[2]
+    return [n for n in (x, stats[1], stats[2], weight, bias) if isinstance(n, fx.Node)]
+
+
+def _emit_batchnorm(graph: fx.Graph, node: fx.Node, copies: dict[fx.Node, fx.Node]) -> fx.Node:
+    """(x - mean) * rstd * weight + bias in fp32, cast to the output's dtype: the batchnorm output
+    `node` rebuilt (at the graph's insertion point, tagged backward) from the mean and 1/std its
+    forward saved, so the backward does not redo the statistics."""
+    norm = node.args[0]
+    assert isinstance(norm, fx.Node)
+    stats = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
+    x, weight, bias = (copies.get(a, a) if isinstance(a, fx.Node) else a for a in norm.args[:3])
+    out_val = node.meta["val"]
+    fake = out_val.fake_mode if hasattr(out_val, "fake_mode") else contextlib.nullcontext()
+    channel = [1, out_val.shape[1]] + [1] * (out_val.dim() - 2)
+
+    def emit(target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+        with fake:
+            val = target(*vals, **kwargs)
+        made = graph.call_function(target, tuple(args), kwargs)
+        made.meta = {"val": val, "partitioner_tag": BACKWARD}
+        return made
+
+    def f32(n: fx.Node, per_channel: bool) -> fx.Node:
+        if n.meta["val"].dtype != torch.float32:
+            n = emit(prims.convert_element_type.default, n, torch.float32)
+        return emit(aten.view.default, n, channel) if per_channel else n
+
+    y = emit(aten.mul.Tensor, emit(aten.sub.Tensor, f32(x, False), f32(stats[1], True)), f32(stats[2], True))
+    if isinstance(weight, fx.Node):
+        y = emit(aten.mul.Tensor, y, f32(weight, True))
+    if isinstance(bias, fx.Node):
+        y = emit(aten.add.Tensor, y, f32(bias, True))
+    return emit(prims.convert_element_type.default, y, out_val.dtype) if out_val.dtype != torch.float32 else y
 
 
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,

@@ -113,7 +113,7 @@ def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:
         rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
         rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
         if settings.recompute_saved and not settings.recompute:   # (min-cut recomputes by its own rules)
-            recompute_saved_pointwise(joint_module)
+            recompute_saved_pointwise(joint_module, kwargs.get("num_fwd_outputs"))
         if split is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
             split["num_fwd_outputs"] = kwargs["num_fwd_outputs"]
         return base(joint_module, joint_inputs, **kwargs)
