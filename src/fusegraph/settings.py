@@ -137,8 +137,9 @@ _register("recompute_saved", bool, lambda: True,
 _register("recompute_materialized", str, lambda: "held",
           "Training graphs (with recompute_saved): saved values a non-pointwise backward op reads (a "
           "convolution's input, as ReLU(batchnorm(conv)) in ResNet) that are pointwise functions of values "
-          "saved anyway are recomputed in the backward, largest first: 'held' until the bytes dropped cover "
-          "what a captured step keeps beyond eager (gradients, copied inputs), 'all' every one, 'off' none.")
+          "saved anyway are recomputed in the backward, largest first: 'held' convolution inputs until the bytes "
+          "dropped cover what a captured step keeps beyond eager (gradients, copied inputs), 'all' every one "
+          "(GEMM operands too), 'off' none.")
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")
