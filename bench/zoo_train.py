@@ -146,7 +146,7 @@ def train_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model.load_state_dict(state)
     row["fusegraph_first_step_s"], row["fusegraph_step_ms"], row["fusegraph_peak_mib"] = step_times_ms(
         make_step(m, model, compiled, ex.inputs, ex.target, autocast, dev), steps, dev)
-    if not args.cpu_smoke:
+    if not args.cpu_smoke and not args.no_inductor:
         del compiled   # its plans' buffers (CUDA graph pools) are not torch.compile's peak
         model.load_state_dict(state)
         torch._dynamo.reset()
