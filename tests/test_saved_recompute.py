@@ -250,3 +250,14 @@ def test_unknown_mode_warns_and_runs_eagerly() -> None:
         assert p.grad is not None and q.grad is not None
         assert_close(p.grad, q.grad, tol=1e-5, what="grad")
     torch._dynamo.reset()
+
+
+def test_the_report_says_what_was_recomputed() -> None:
+    torch._dynamo.reset()
+    model = ConvNet()
+    with override(recompute_materialized="all"):
+        compiled = fg.compile(model)
+        compiled(rand(2, 3, 8, 8)).sum().backward()
+    text = str(compiled.fusegraph_report)
+    assert "saved activations recomputed in the backward:" in text and "2 materialized" in text, text
+    torch._dynamo.reset()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,13 +49,28 @@ PASS_THROUGH = frozenset({aten.detach.default, aten.alias.default, prims.convert
                           aten._to_copy.default})
 
 
-def recompute_saved_pointwise(gm: fx.GraphModule, num_fwd_outputs: int | None = None) -> int:
-    """Rewrite the joint graph as the module doc says; returns how many saved values were dropped."""
+@dataclass(frozen=True)
+class Recomputed:
+    """What recompute_saved_pointwise dropped from the saved activations."""
+
+    pointwise: int = 0          # values read by pointwise backward ops only
+    materialized: int = 0       # values a convolution or GEMM reads, recomputed into a tensor of their own
+    dropped_bytes: int = 0      # their bytes (saved ones no longer saved)
+    budget_bytes: float = 0.0   # recompute_materialized='held': what the captured step holds beyond eager
+
+    def __str__(self) -> str:
+        budget = f" (budget {self.budget_bytes / 2**20:.1f} MiB)" if 0 < self.budget_bytes < float("inf") else ""
+        return (f"saved activations recomputed in the backward: {self.pointwise} pointwise, {self.materialized} "
+                f"materialized{budget}; {self.dropped_bytes / 2**20:.1f} MiB no longer saved")
+
+
+def recompute_saved_pointwise(gm: fx.GraphModule, num_fwd_outputs: int | None = None) -> Recomputed:
+    """Rewrite the joint graph as the module doc says; returns what it dropped."""
     graph = gm.graph
     nodes = list(graph.nodes)
     backward = backward_nodes(graph)
     if not backward:
-        return 0
+        return Recomputed()
     forward = [n for n in nodes if n not in backward and n.op != "output"]
     read_by_backward = {n for n in forward if any(u in backward for u in n.users)}
     recipes: dict[fx.Node, list[fx.Node]] = {}
@@ -83,7 +99,7 @@ def recompute_saved_pointwise(gm: fx.GraphModule, num_fwd_outputs: int | None = 
             if any(leaf in recipes for leaf in _leaves(recipes[value])):
                 del recipes[value]
                 changed = True
-    materialized = _materialized(gm, backward, read_by_backward, recipes, num_fwd_outputs)
+    materialized, budget = _materialized(gm, backward, read_by_backward, recipes, num_fwd_outputs)
     position = {n: i for i, n in enumerate(nodes)}
     # a recomputed tensor goes before its first backward reader, or the first reader of a pointwise
     # recipe that reads it (a detach of a ReLU output, for the ReLU's gradient)
@@ -107,25 +123,26 @@ def recompute_saved_pointwise(gm: fx.GraphModule, num_fwd_outputs: int | None = 
         done[value] = copies[value]
         for user in users:
             user.replace_input_with(value, copies[value])
-    recipes.update(materialized)
-    if recipes:
+    if recipes or materialized:
         graph.lint()
         gm.recompile()
-    return len(recipes)
+    return Recomputed(len(recipes), len(materialized), sum(map(_nbytes, [*recipes, *materialized])),
+                      budget if materialized else 0.0)
 
 
 def _materialized(gm: fx.GraphModule, backward: set[fx.Node], saved: set[fx.Node],
-                  taken: dict[fx.Node, list[fx.Node]], num_fwd_outputs: int | None) -> dict[fx.Node, list[fx.Node]]:
+                  taken: dict[fx.Node, list[fx.Node]], num_fwd_outputs: int | None
+                  ) -> tuple[dict[fx.Node, list[fx.Node]], float]:
     """Saved values that a non-pointwise backward op reads (a convolution's input for its weight
     gradient: ReLU(batchnorm(conv)) in ResNet) and that are pointwise functions of values saved anyway:
     recomputed in the backward into a fresh tensor there, largest first, as setting
     recompute_materialized says: 'held' convolution inputs until the bytes dropped cover what a
     captured training step holds beyond eager (the gradients, which stay in the backward's graph
     memory, and the forward's inputs that are not parameters, which it copies into its own); 'all'
-    every one (GEMM operands too: less memory, more time); 'off' none."""
+    every one (GEMM operands too: less memory, more time); 'off' none. Returns them and the budget."""
     mode = settings.recompute_materialized
     if mode == "off":
-        return {}
+        return {}, 0.0
     if mode not in ("held", "all"):
         raise InvalidValueError(f"setting recompute_materialized={mode!r}: use 'held', 'all' or 'off'")
     candidates = []
@@ -139,21 +156,22 @@ def _materialized(gm: fx.GraphModule, backward: set[fx.Node], saved: set[fx.Node
         recipe = _recipe(value, saved, materialize=True)
         if recipe is not None:
             candidates.append((value, recipe))
-    if not candidates:
-        return {}
     budget = _held_bytes(gm, num_fwd_outputs) if mode == "held" else float("inf")
+    if not candidates:
+        return {}, budget
     chosen: dict[fx.Node, list[fx.Node]] = {}
     blocked: set[fx.Node] = set()   # leaves of chosen recipes: they stay saved
+    left = budget
     for value, recipe in sorted(candidates, key=lambda c: -_nbytes(c[0])):
-        if budget <= 0:
+        if left <= 0:
             break
         leaves = _leaves(recipe)
         if value in blocked or leaves & (set(chosen) | set(taken)):
             continue    # a recipe reads saved values only (a pointwise recipe may read this one's copy)
         chosen[value] = recipe
         blocked |= leaves
-        budget -= _nbytes(value)
-    return chosen
+        left -= _nbytes(value)
+    return chosen, budget
 
 
 def _held_bytes(gm: fx.GraphModule, num_fwd_outputs: int | None) -> int:
@@ -247,6 +265,7 @@ def _emit_batchnorm(graph: fx.Graph, node: fx.Node, copies: dict[fx.Node, fx.Nod
     assert isinstance(norm, fx.Node)
     stats = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
     x, weight, bias = (copies.get(a, a) if isinstance(a, fx.Node) else a for a in norm.args[:3])
+    assert isinstance(x, fx.Node)
     out_val = node.meta["val"]
     fake = out_val.fake_mode if hasattr(out_val, "fake_mode") else contextlib.nullcontext()
     channel = [1, out_val.shape[1]] + [1] * (out_val.dim() - 2)

@@ -113,7 +113,10 @@ def partition_fn(split: dict[str, Any] | None = None) -> Callable[..., Any]:
         rewrite_causal_masks(joint_module)   # before the split: a causal mask is then not saved either
         rewrite_log_softmax_for_backward(joint_module)   # save logits + logsumexp, not an fp32 log-softmax
         if settings.recompute_saved and not settings.recompute:   # (min-cut recomputes by its own rules)
-            recompute_saved_pointwise(joint_module, kwargs.get("num_fwd_outputs"))
+            recomputed = recompute_saved_pointwise(joint_module, kwargs.get("num_fwd_outputs"))
+            log(str(recomputed))
+            if split is not None:
+                split["recomputed"] = recomputed
         if split is not None and isinstance(kwargs.get("num_fwd_outputs"), int):
             split["num_fwd_outputs"] = kwargs["num_fwd_outputs"]
         return base(joint_module, joint_inputs, **kwargs)
@@ -164,6 +167,7 @@ class CompileReport:
             for (op, reason), count in sorted(graph.fallbacks.items()):
                 lines.append(f"  eager: {op} x{count}: {reason}")
             lines.extend(f"  input mutation: {m}" for m in graph.mutations)
+            lines.extend(f"  {note}" for note in graph.notes)
         if self.recompiles:
             lines.append("\nrecompiles:")
             lines.extend(f"  {r}" for r in self.recompiles)
@@ -280,6 +284,8 @@ class Session:
                     (settings.saved_views or settings.pad_saved) else None
                 split_gm, record = partition_graph(gm, kind, self._build_options(kind), self._warn_partition,
                                                    static_input_indices(kind), held, saved)
+            if kind == "forward" and split is not None and "recomputed" in split:
+                record.notes.append(str(split["recomputed"]))
             self.report.graphs.append(record)
             new_ops = sorted({op for op, _ in record.fallbacks} - self._warned)
             if new_ops:

@@ -205,6 +205,7 @@ class GraphRecord:
     fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)   # (op, reason) -> node count
     # inputs the graph mutates (inference graphs keep them: frontends/input_mutation.py): in place or copied back
     mutations: list[Mutation] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what the frontend did to it (saved activations recomputed)
 
 
 class CompiledPartition(torch.nn.Module):
