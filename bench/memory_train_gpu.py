@@ -9,6 +9,8 @@ Per implementation, after three warm-up steps (compilation, CUDA-graph capture):
 - phases: bytes allocated at the step's start (weights, AdamW state; gradients are dropped by
   zero_grad(set_to_none=True)), the peak inside the forward, the backward and the optimizer step (each
   with torch.cuda.reset_peak_memory_stats() at its start), and what is allocated at each phase's end;
+  beside each peak, the peak reserved (segments the caching allocator holds, a captured graph's private
+  pool included: what max_memory_allocated does not count once capture has freed those blocks);
 - the peak's contents: torch's allocator history of one more step (Python stacks) replayed event by
   event from the bytes allocated at its start; at the step's highest point, the live allocations made
   during the step grouped by their innermost non-torch frames, largest first.
@@ -43,12 +45,14 @@ MIB = 2**20
 
 def phased_step(entry: Any, model: torch.nn.Module, fwd: Any, inputs: tuple[Any, ...], target: Any,
                 opt: torch.optim.Optimizer) -> Any:
-    """One training step; with `marks` a list, appends (phase, allocated at its end, peak inside it)."""
-    def step(marks: list[tuple[str, float, float]] | None = None) -> None:
+    """One training step; with `marks` a list, appends (phase, allocated at its end, peak allocated
+    inside it, peak reserved inside it)."""
+    def step(marks: list[tuple[str, float, float, float]] | None = None) -> None:
         def mark(name: str) -> None:
             if marks is not None:
                 torch.cuda.synchronize()
-                marks.append((name, torch.cuda.memory_allocated() / MIB, torch.cuda.max_memory_allocated() / MIB))
+                marks.append((name, torch.cuda.memory_allocated() / MIB, torch.cuda.max_memory_allocated() / MIB,
+                              torch.cuda.max_memory_reserved() / MIB))
                 torch.cuda.reset_peak_memory_stats()
         opt.zero_grad(set_to_none=True)
         mark("start")
@@ -71,6 +75,27 @@ def site(frames: list[dict[str, Any]]) -> str:
     return " <- ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in picked) or "(no frames)"
 
 
+def replay_peak(trace: list[dict[str, Any]], base: int) -> tuple[int, int, list[tuple[int, str]]]:
+    """Replay an allocator trace (torch.cuda.memory._snapshot()'s device_traces entry) from `base`
+    bytes allocated: (the highest total, the index of the event that reached it, the (bytes, site) of
+    each allocation made during the trace and live then). Frees of blocks allocated before the trace
+    began are not in `live`, so they do not lower the total: the peak is an upper bound when the step
+    frees older memory first (zero_grad's gradients)."""
+    live: dict[int, tuple[int, str]] = {}
+    total = best = base
+    best_live: dict[int, tuple[int, str]] = {}
+    best_at = 0
+    for i, ev in enumerate(trace):
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (ev["size"], site(ev.get("frames", [])))
+            total += ev["size"]
+            if total > best:
+                best, best_live, best_at = total, dict(live), i
+        elif ev["action"] == "free_requested" and ev["addr"] in live:
+            total -= live.pop(ev["addr"])[0]
+    return best, best_at, list(best_live.values())
+
+
 def peak_contents(step: Any, rows: int) -> str:
     """Replay one step's allocator history: the live allocations (made during the step) at its peak."""
     torch.cuda.synchronize()
@@ -84,24 +109,14 @@ def peak_contents(step: Any, rows: int) -> str:
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][torch.cuda.current_device()]
-    live: dict[int, tuple[int, str]] = {}
-    total = best = base
-    best_live: dict[int, tuple[int, str]] = {}
-    best_at = 0
-    for i, ev in enumerate(trace):
-        if ev["action"] == "alloc":
-            live[ev["addr"]] = (ev["size"], site(ev.get("frames", [])))
-            total += ev["size"]
-            if total > best:
-                best, best_live, best_at = total, dict(live), i
-        elif ev["action"] == "free_requested" and ev["addr"] in live:
-            total -= live.pop(ev["addr"])[0]
+    best, best_at, best_live = replay_peak(trace, base)
     by_site: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for size, where in best_live.values():
+    for size, where in best_live:
         by_site[where][0] += size
         by_site[where][1] += 1
     lines = [f"peak {best / MIB:.1f} MiB at event {best_at} of {len(trace)}: {base / MIB:.1f} MiB allocated at "
-             f"the step's start + {(best - base) / MIB:.1f} MiB allocated during the step and live then:"]
+             f"the step's start (gradients included) + {(best - base) / MIB:.1f} MiB allocated during the step "
+             f"and live then:"]
     for where, (size, count) in sorted(by_site.items(), key=lambda kv: -kv[1][0])[:rows]:
         lines.append(f"  {size / MIB:9.1f} MiB  {count:5d} blocks  {where}")
     return "\n".join(lines)
@@ -113,12 +128,13 @@ def measure(label: str, entry: Any, model: torch.nn.Module, fwd: Any, inputs: tu
     step = phased_step(entry, model, fwd, inputs, target, opt)
     for _ in range(3):
         step()
-    marks: list[tuple[str, float, float]] = []
+    marks: list[tuple[str, float, float, float]] = []
     torch.cuda.reset_peak_memory_stats()
     step(marks)
     out = [f"== {label}"]
-    for name, allocated, peak in marks:
-        out.append(f"  {name:16s} allocated at end {allocated:9.1f} MiB, peak inside {peak:9.1f} MiB")
+    for name, allocated, peak, reserved in marks:
+        out.append(f"  {name:16s} allocated at end {allocated:9.1f} MiB, peak inside {peak:9.1f} MiB "
+                   f"(reserved {reserved:9.1f} MiB: the caching allocator's segments, CUDA-graph pools included)")
     out.append(peak_contents(step, rows))
     return "\n".join(out)
 
