@@ -124,6 +124,8 @@ def peak_contents(step: Any, rows: int) -> str:
 
 def measure(label: str, entry: Any, model: torch.nn.Module, fwd: Any, inputs: tuple[Any, ...], target: Any,
             rows: int) -> str:
+    gc.collect()
+    torch.cuda.empty_cache()   # the previous implementation's cached segments: reserved is then this one's
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     step = phased_step(entry, model, fwd, inputs, target, opt)
     for _ in range(3):
