@@ -1,8 +1,9 @@
 """Host time of one call through torch.compile(backend=fusegraph), on the CPU: what the backend's glue
 costs per call, apart from the kernels (which run through the torch reference here).
 
-A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile three ways: the
-partitioned graph called as a plain function (`direct_call`) with each partition's generated glue
+A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile four ways: handed to
+Dynamo without AOTAutograd's runtime wrapper (`direct_inference`, the default), then through that wrapper:
+the partitioned graph called as a plain function (`direct_call`) with each partition's generated glue
 (torch_partition.CompiledPartition._compile_glue), the plain function without the generated glue, and
 neither (the FX GraphModule and the interpreted glue); timed in alternation: per round, 3000 calls each,
 microseconds per call; the table gives the median over rounds. Then a 16-input plan called directly, with the
@@ -38,20 +39,22 @@ def main() -> None:
 
     # (direct_call setting, the partitions' generated glue): the glue is turned off by building with
     # CompiledPartition._compile_glue patched to give none (then forward interprets `_run`)
-    variants = {"direct call + glue": (True, True), "direct call only": (True, False),
-                "neither": (False, False)}
+    # (direct_call, glue, direct_inference: no AOTAutograd runtime wrapper)
+    variants = {"no AOT wrapper": (True, True, True), "direct call + glue": (True, True, False),
+                "direct call only": (True, False, False), "neither": (False, False, False)}
     compiled = {}
     original = CompiledPartition._compile_glue
-    for name, (direct, glue) in variants.items():
+    for name, (direct, glue, no_wrapper) in variants.items():
         try:
             if not glue:
                 CompiledPartition._compile_glue = lambda self: None  # type: ignore[method-assign]
-            with override(direct_call=direct), torch.no_grad():
+            with override(direct_call=direct, direct_inference=no_wrapper), torch.no_grad():
                 fn = fg.compile(model)
                 fn(x)   # compiles under this variant's settings
         finally:
             CompiledPartition._compile_glue = original  # type: ignore[method-assign]
         compiled[name] = fn
+        assert [g.direct for g in fn.fusegraph_report.graphs] == [no_wrapper], name   # its own compile
     times: dict[str, list[float]] = {name: [] for name in variants}
     with torch.no_grad():
         for _ in range(args.rounds):

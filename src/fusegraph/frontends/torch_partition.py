@@ -206,6 +206,7 @@ class GraphRecord:
     # inputs the graph mutates (inference graphs keep them: frontends/input_mutation.py): in place or copied back
     mutations: list[Mutation] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # what the frontend did to it (saved activations recomputed)
+    direct: bool = False   # an inference graph called without AOTAutograd's runtime wrapper (direct_inference)
 
 
 class CompiledPartition(torch.nn.Module):
