@@ -129,10 +129,10 @@ def direct_inference(inference: dict[str, Any], example_inputs: Sequence[Any]) -
     wrapper would only switch grad mode (and autocast) around it: the ATen graph takes Dynamo's
     arguments as they are (no duplicate inputs merged, no synthetic bases, no effect tokens), keeps its
     input mutations inside (frontends/input_mutation.py) and returns no output that aliases an input
-    or another output (those the wrapper regenerates as views). About 17 us less host time per call
-    than going through the wrapper on this machine's CPU (torch 2.13), for a decode step whose latency
-    is mostly host time. None when not eligible (or settings.direct_inference is off): the caller
-    keeps AOTAutograd's function."""
+    or another output (those the wrapper regenerates as views). 2-3 us less host time per call of a
+    small MLP on this machine's CPU with torch 2.13, whose wrapper is generated code
+    (bench/host_call_cpu.py); torch 2.11's has more Python layers. None when not eligible (or
+    settings.direct_inference is off): the caller keeps AOTAutograd's function."""
     fn, meta = inference.get("fn"), inference.get("meta")
     if not settings.direct_inference or fn is None or meta is None:
         return None
@@ -149,30 +149,22 @@ def direct_inference(inference: dict[str, Any], example_inputs: Sequence[Any]) -
         return None
     inference["record"].direct = True
     grad_on, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
-    if not torch._C._is_any_autocast_enabled():
-        def run(*args: Any) -> Any:
-            grad = grad_on()
-            if grad:
-                set_grad(False)
-            try:
-                return fn(list(args))
-            finally:
-                if grad:
-                    set_grad(True)
-        return run
-    no_autocast = torch._C._DisableAutocast   # as AOTAutograd: the ATen graph's casts are explicit
+    # as AOTAutograd: autocast off around the call (the ATen graph's casts are explicit); Dynamo
+    # guards on the autocast state, so the state at compile time is the state of every call
+    outside: Callable[[], Any] = torch._C._DisableAutocast if torch._C._is_any_autocast_enabled() \
+        else contextlib.nullcontext
 
-    def run_no_autocast(*args: Any) -> Any:
+    def run(*args: Any) -> Any:
         grad = grad_on()
         if grad:
             set_grad(False)
         try:
-            with no_autocast():
+            with outside():
                 return fn(list(args))
         finally:
             if grad:
                 set_grad(True)
-    return run_no_autocast
+    return run
 
 
 def log(message: str) -> None:
