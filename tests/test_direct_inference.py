@@ -1,6 +1,6 @@
-"""frontends/torch_backend.direct_inference: an inference graph's compiled function handed to Dynamo
-without AOTAutograd's runtime wrapper, only where that wrapper would do nothing but switch grad mode
-and autocast around it."""
+"""frontends/torch_backend.direct_inference (setting direct_inference, off by default): an inference
+graph's compiled function handed to Dynamo without AOTAutograd's runtime wrapper, only where that
+wrapper would do nothing but switch grad mode and autocast around it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class Aliasing(nn.Module):
 
 
 def compiled(model: nn.Module, *args: torch.Tensor, on: bool = True) -> tuple[object, object]:
+    """Two calls of fg.compile(model) under no_grad, with settings.direct_inference = on: (the second
+    call's output, the inference graph's record)."""
     torch._dynamo.reset()
     with override(direct_inference=on):
         run = fg.compile(model)
@@ -87,7 +89,7 @@ def test_autocast_inference_runs_direct_with_eager_dtypes() -> None:
     x = rand(2, 8)
     torch._dynamo.reset()
     run = fg.compile(model)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with override(direct_inference=True), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = run(x)
         ref = model(x)
     (graph,) = run.fusegraph_report.graphs
