@@ -3,6 +3,7 @@ value it saves anyway (GPT-2's tanh GELU saves x, not x and three functions of i
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -260,4 +261,29 @@ def test_the_report_says_what_was_recomputed() -> None:
         compiled(rand(2, 3, 8, 8)).sum().backward()
     text = str(compiled.fusegraph_report)
     assert "saved activations recomputed in the backward:" in text and "2 materialized" in text, text
+    torch._dynamo.reset()
+
+
+def test_batchnorm_rebuilt_under_bf16_autocast_matches_eager() -> None:
+    """Under autocast the convolution output is bf16 and batchnorm keeps fp32 statistics: the rebuilt
+    output (fp32 arithmetic, cast back) gives eager's gradients within bf16 tolerance."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, eager = ConvNet(), ConvNet()
+    eager.load_state_dict(model.state_dict())
+    x, proj = rand(4, 3, 8, 8), rand(4, 4, 8, 8)
+    with override(recompute_materialized="all", use_triton=False):
+        compiled = fg.compile(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = compiled(x)
+        (out.float() * proj).sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = eager(x)
+    (ref.float() * proj).sum().backward()
+    # the two ReLU outputs, and the bf16 casts of the weights and of the input (from the fp32 primals)
+    materialized = re.search(r"(\d+) materialized", str(compiled.fusegraph_report))
+    assert materialized is not None and int(materialized.group(1)) >= 2, str(compiled.fusegraph_report)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert_close(p.grad, q.grad, tol=3e-2, what=f"grad {name}")
     torch._dynamo.reset()
