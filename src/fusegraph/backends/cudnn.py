@@ -81,9 +81,12 @@ def conv2d_weight_grad(attrs: Any, channels_last: bool) -> Callable[[torch.Tenso
     stride, padding, dilation, groups = get_op("conv2d").extra["params"](attrs)
     pairs = [list(stride), list(padding), list(dilation)]
     weight_shape = tuple(attrs["weight_shape"])
+    shapes: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}   # the weight's stand-in, made once
 
     def run(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-        w = x.new_empty(1).expand(weight_shape)
+        w = shapes.get((x.device, x.dtype))
+        if w is None:
+            w = shapes[(x.device, x.dtype)] = x.new_empty(1).expand(weight_shape)
         grads = torch.ops.aten.convolution_backward(grad_out.contiguous(memory_format=fmt),
                                                     x.contiguous(memory_format=fmt), w, None, *pairs, False, [0, 0],
                                                     groups, [False, True, False])

@@ -165,7 +165,7 @@ def _materialized(gm: fx.GraphModule, backward: set[fx.Node], saved: set[fx.Node
         recipe = _recipe(value, saved, materialize=True)
         if recipe is not None:
             candidates.append((value, recipe))
-    budget = _held_bytes(gm, num_fwd_outputs) if mode == "held" else float("inf")
+    budget = _held_bytes(gm, backward, num_fwd_outputs) if mode == "held" else float("inf")
     if not candidates:
         return {}, budget
     chosen: dict[fx.Node, list[fx.Node]] = {}
@@ -183,7 +183,7 @@ def _materialized(gm: fx.GraphModule, backward: set[fx.Node], saved: set[fx.Node
     return chosen, budget
 
 
-def _held_bytes(gm: fx.GraphModule, num_fwd_outputs: int | None) -> int:
+def _held_bytes(gm: fx.GraphModule, backward: set[fx.Node], num_fwd_outputs: int | None) -> int:
     """Bytes a captured training step keeps allocated that eager's step has not at its peak (the
     start of the backward): every gradient (the backward's outputs, in its graph's memory from one
     step to the next) and every primal input without a gradient (the batch, which the captured
@@ -192,8 +192,8 @@ def _held_bytes(gm: fx.GraphModule, num_fwd_outputs: int | None) -> int:
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(output.args[0])
     primals = [p for p in gm.graph.nodes if p.op == "placeholder" and str(p.target).startswith("primals")]
-    if num_fwd_outputs is None or len(outs) - num_fwd_outputs != len(primals):
-        return sum(_nbytes(a) for a in outs if isinstance(a, fx.Node) and a.op != "placeholder")
+    if num_fwd_outputs is None or len(outs) - num_fwd_outputs != len(primals):   # the gradients alone
+        return sum(_nbytes(a) for a in outs if isinstance(a, fx.Node) and a in backward)
     grads = outs[num_fwd_outputs:]
     return sum(_nbytes(g) if isinstance(g, fx.Node) else _nbytes(p) for g, p in zip(grads, primals, strict=True))
 
