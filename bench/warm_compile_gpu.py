@@ -1,11 +1,11 @@
 """Where a warm compile's time goes: the GPT-2 training step or ResNet-50 inference through
 `fg.compile`, first in a fresh process on empty cache dirs (cold), then in a second process on the
-same dirs (warm: tuning choices and Triton binaries on disk), the warm one under cProfile.
+same dirs (warm: tuning choices and Triton binaries on disk), one of them under cProfile.
 
-    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50] [--top 40]
+    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50] [--profiled cold|warm] [--top 40]
 
-Prints the wall seconds of each first call (compile included) and the warm build's top functions by
-cumulative time; the full stats go to $OUT/warm_compile_<workload>.prof when OUT is set.
+Prints the wall seconds of each first call (compile included) and the profiled build's top functions
+by cumulative time; the full stats go to $OUT/<cold|warm>_compile_<workload>.prof when OUT is set.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--profiled", choices=("cold", "warm"), default="warm",
+                        help="which of the two first calls runs under cProfile")
     parser.add_argument("--child", default="")
     parser.add_argument("--profile", default="")
     args = parser.parse_args()
@@ -72,11 +74,12 @@ def main() -> int:
         child(args.child, args.profile or None)
         return 0
     out = os.environ.get("OUT") or tempfile.mkdtemp()
-    prof = os.path.join(out, f"warm_compile_{args.workload}.prof")
+    prof = os.path.join(out, f"{args.profiled}_compile_{args.workload}.prof")
     with tempfile.TemporaryDirectory() as root:
         env = dict(os.environ, FUSEGRAPH_CACHE_DIR=os.path.join(root, "fg"),
                    TRITON_CACHE_DIR=os.path.join(root, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "ind"))
-        for label, extra in (("cold", []), ("warm", ["--profile", prof])):
+        for label in ("cold", "warm"):
+            extra = ["--profile", prof] if label == args.profiled else []
             cmd = [sys.executable, os.path.abspath(__file__), "--child", args.workload, *extra]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
