@@ -41,7 +41,8 @@ def nhwc(n: int, c: int, h: int, w: int) -> list[int]:
     return [c * h * w, 1, c * w, c]
 
 
-def graph_for(cudnn: Any, handle: Any, cache: Any, batch: int, shape: tuple[int, ...], residual: bool) -> tuple[Any, dict[str, Any], tuple[int, ...]]:
+def graph_for(cudnn: Any, handle: Any, cache: Any, batch: int, shape: tuple[int, ...],
+              residual: bool) -> tuple[Any, dict[str, Any], tuple[int, ...]]:
     c, h, w, k, r, stride, pad = shape
     bf16, fp32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
     extra = {"kernel_cache": cache, "is_dynamic_shape_enabled": True} if cache is not None else {}
@@ -125,7 +126,7 @@ def child(mode: str, batch: int, plans: int, cache_file: str) -> dict[str, Any]:
                     g.execute_plan_at_index(b, ws, index=i, handle=handle)
                 try:
                     times[i] = device_time(run, calls=10, repeats=3).ms
-                except Exception as err:  # noqa: BLE001  (reported, not fatal)
+                except Exception as err:  # reported, not fatal
                     times[i] = f"{type(err).__name__}: {str(err)[:80]}"
             rows.append({"shape": shape, "residual": residual, "build_s": seconds, "plans": count, "ms": times})
     total = time.perf_counter() - start_all
@@ -174,7 +175,8 @@ def main() -> int:
                   f"(whole loop {r['total_s']:.2f} s){extra}", flush=True)
     if "plain" not in results:
         return 1
-    print("\nshape (C,H,W,K,R,stride,pad) residual | build s plain / cache / warm | best ms (plan) plain / cache / warm")
+    print("\nshape (C,H,W,K,R,stride,pad) residual | build s plain / cache / warm "
+          "| best ms (plan) plain / cache / warm")
     ratios = []
     for k, row in enumerate(results["plain"]["rows"]):
         cells_b, cells_t = [], []
@@ -190,7 +192,8 @@ def main() -> int:
             cells_t.append(f"{ms:.4f} ({idx})")
             if mode == "cache":
                 ratios.append(ms / base)
-        print(f"{str(tuple(row['shape'])):32s} {str(row['residual']):5s} | {' / '.join(cells_b)} | {' / '.join(cells_t)}")
+        name = f"{tuple(row['shape'])!s:32s} {row['residual']!s:5s}"
+        print(f"{name} | {' / '.join(cells_b)} | {' / '.join(cells_t)}")
     if ratios:
         import statistics
         print(f"\nfastest plan with the kernel cache / without: geomean {statistics.geometric_mean(ratios):.3f}, "
