@@ -11,8 +11,12 @@ configurations of every graph and timing each (a CUDA graph of 10 executions, re
   warm    a new process: the serialized cache loaded, the same graphs built again
 
     PYTHONPATH=src python bench/cudnn_kernel_cache_gpu.py [--batch 128] [--plans 4]
+    PYTHONPATH=src python bench/cudnn_kernel_cache_gpu.py --static-reuse   # the static plans' own reuse
 
-Prints per mode the build seconds and, per graph, the fastest plan's device ms.
+Prints per mode the build seconds and, per graph, the fastest plan's device ms. --static-reuse instead
+times, on a few of those graphs without a kernel cache: building plan i a second time, building i
+after j, executing plan i by index after others were built, and a chosen plan's serialize() and
+deserialize() into a fresh graph (with the result compared to the built plan's).
 """
 
 from __future__ import annotations
@@ -139,6 +143,56 @@ def child(mode: str, batch: int, plans: int, cache_file: str) -> dict[str, Any]:
     return result
 
 
+def static_reuse(batch: int) -> None:
+    import cudnn
+
+    torch.cuda.init()
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+
+    def timed(fn: Any) -> float:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for shape, residual in ((SHAPES[0], True), (SHAPES[1], False), (SHAPES[11], True), (SHAPES[15], False)):
+        g, t, out = graph_for(cudnn, handle, None, batch, shape, residual)
+        prep = timed(lambda g=g: (g.validate(), g.build_operation_graph(),
+                                  g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]),
+                                  g.check_support()))
+        count = min(3, int(g.get_execution_plan_count()))
+        first = [timed(lambda i=i: g.build_plan_at_index(i)) for i in range(count)]
+        again = [timed(lambda i=i: g.build_plan_at_index(i)) for i in range(count)]
+        b = bindings(t, batch, shape, out)
+        ws = torch.empty(max(int(g.get_workspace_size_plan_at_index(i)) for i in range(count)) + 1,
+                         device="cuda", dtype=torch.uint8)
+        results = []
+        for i in range(count):
+            g.execute_plan_at_index(b, ws, index=i, handle=handle)
+            results.append(b[t["y"]].clone())
+        same = [float((r.float() - results[0].float()).norm() / results[0].float().norm()) for r in results]
+        g.build_plan_at_index(count - 1)
+        blob_s = time.perf_counter()
+        blob = g.serialize(as_bytes=True)
+        blob_s = time.perf_counter() - blob_s
+        fresh = cudnn.pygraph(handle=handle)
+        deser = timed(lambda fresh=fresh, blob=blob: fresh.deserialize(handle, blob))
+        y_again = torch.empty_like(b[t["y"]])
+        by_uid = {tensor.get_uid(): b[tensor] for tensor in t.values()}
+        by_uid[t["y"].get_uid()] = y_again
+        ws2 = torch.empty(max(int(fresh.get_workspace_size()), 1), device="cuda", dtype=torch.uint8)
+        run_s = timed(lambda: fresh.execute(by_uid, ws2, handle=handle))
+        err = float((y_again.float() - results[count - 1].float()).norm() / results[count - 1].float().norm())
+        def fmt(values: list[float], spec: str) -> str:
+            return "[" + ", ".join(format(v, spec) for v in values) + "]"
+
+        print(f"{shape} residual={residual}: prepare {prep:.3f} s; build plans {fmt(first, '.3f')} s, "
+              f"again {fmt(again, '.3f')} s; by-index results vs plan 0 rel err {fmt(same, '.1e')}; "
+              f"serialize {blob_s * 1e3:.1f} ms, {len(blob) / 1e3:.1f} kB; deserialize {deser * 1e3:.1f} ms; "
+              f"first execute {run_s * 1e3:.1f} ms; rel err vs the built plan {err:.1e}", flush=True)
+
+
 def best(ms: dict[Any, Any]) -> tuple[float, Any]:
     numbers = {int(k): v for k, v in ms.items() if isinstance(v, float)}
     if not numbers:
@@ -153,7 +207,11 @@ def main() -> int:
     parser.add_argument("--plans", type=int, default=4)
     parser.add_argument("--child", default="")
     parser.add_argument("--cache-file", default="")
+    parser.add_argument("--static-reuse", action="store_true")
     args = parser.parse_args()
+    if args.static_reuse:
+        static_reuse(args.batch)
+        return 0
     if args.child:
         print(json.dumps(child(args.child, args.batch, args.plans, args.cache_file)))
         return 0
