@@ -189,6 +189,10 @@ class _T:
         self.stride = stride
         return self
 
+    def set_uid(self, uid: int) -> _T:
+        self.uid = uid
+        return self
+
 
 class _Graph:
     fail_direct = False          # no engine when a pointwise op reads the residual directly
@@ -233,16 +237,38 @@ class _Graph:
     def check_support(self) -> None: self.steps.append("check_support")
     def build_plans(self) -> None: self.steps.append("build_plans")
     def get_workspace_size(self) -> int: return 0
+    plans_built: list[int] = []    # every build_plan_at_index, across graphs (the serialized route)
+
+    def get_execution_plan_count(self) -> int:
+        return 3
+
+    def build_plan_at_index(self, index: int) -> None:
+        _Graph.plans_built.append(index)
+        self.selected = index
+
+    def serialize(self, as_bytes: bool = False) -> bytes:
+        import pickle
+        return pickle.dumps({"ops": self.ops, "tensors": self.tensors, "output": self.output,
+                             "selected": getattr(self, "selected", 0)})
+
+    def deserialize(self, handle: Any, blob: bytes) -> None:
+        import pickle
+        state = pickle.loads(blob)
+        self.ops, self.tensors, self.output, self.selected = (state["ops"], state["tensors"], state["output"],
+                                                              state["selected"])
+        self.steps.append("deserialize")
 
     def execute(self, bindings: Any, workspace: torch.Tensor, handle: Any = None,
                 tensor_uids: tuple[int, ...] | None = None) -> None:
         if tensor_uids is not None:   # the ordered form: buffers in the order of their tensors' uids
-            by_uid = {t.uid: t for t in self._all()}
-            bindings = {by_uid[u]: b for u, b in zip(tensor_uids, bindings, strict=True)}
+            bindings = dict(zip(tensor_uids, bindings, strict=True))
+        bindings = {k.uid if isinstance(k, _T) else k: v for k, v in bindings.items()}   # by tensor or by uid
+        if getattr(self, "selected", 0) != 1:
+            time.sleep(0.002)   # plan 1 is the fast one
 
         def value(t: _T) -> torch.Tensor:
             if t.op == "tensor":
-                v = bindings[t]
+                v = bindings[t.uid]
                 assert list(v.shape) == t.dim and list(v.stride()) == t.stride, (t.attrs["name"], v.stride())
                 return v.float()
             a = [value(i) for i in t.args]
@@ -252,7 +278,7 @@ class _Graph:
             return {"mul": lambda: a[0] * a[1], "add": lambda: a[0] + a[1], "relu": lambda: F.relu(a[0])}[t.op]()
 
         assert self.output is not None
-        bindings[self.output].copy_(value(self.output))
+        bindings[self.output.uid].copy_(value(self.output))
 
     def _all(self) -> list[_T]:
         seen: dict[int, _T] = {}
@@ -416,3 +442,137 @@ def test_a_remembered_cudnn_plan_that_no_longer_builds_falls_back_to_the_heurist
     drifted = Drifted()
     cce.pick_fastest_plan(drifted, types.SimpleNamespace(), None, {"y": torch.zeros(4)}, "k", KEY)
     assert drifted.selected == -1
+
+
+# ---- the serialized route (GPU + autotuning): plans built serialized, timed, stored, reloaded ----
+
+@pytest.fixture
+def serialized_route(monkeypatch: pytest.MonkeyPatch, tuning_cache: Any) -> Any:
+    """The stand-in cudnn, the route a GPU takes (taken here on the CPU), no plans built yet."""
+    _fake_cudnn(monkeypatch)
+    monkeypatch.setattr(cce, "_serialized_route", lambda device: True)
+    monkeypatch.setattr(cce, "_BUILT", {})
+    monkeypatch.setattr(cce, "_PENDING", {})
+    monkeypatch.setattr(_Graph, "plans_built", [])
+    with override(build_workers=0):
+        yield
+
+
+def _build_main(residual: str = "add") -> tuple[Any, ConvGroup]:
+    groups, _ = _groups(ConvBN(residual))
+    group = _main(groups)
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    launch = cce.build(epi, group.inputs, group.outputs[0].spec.memory_strides, "float32", torch.device("cpu"), "k")
+    assert launch is not None
+    return launch, group
+
+
+def _check_against_plain(launch: Any, group: ConvGroup, what: str) -> None:
+    from fusegraph.backends.conv_kernel import conv_group_kernel
+    from fusegraph.lower import _example_inputs
+
+    args = _example_inputs(group.inputs, "cpu")
+    for k in launch.leaf_at:
+        args[k] = args[k].abs() + 0.5
+    (want,) = conv_group_kernel(group, "k", "float32", "cpu", {}).launch(args)
+    (got,) = launch(args)
+    assert_close(got, want, tol=2e-3, what=what)
+
+
+def _new_process() -> None:
+    """What a new process has: nothing built or remembered in memory, the disk caches."""
+    from fusegraph.tune import clear_memo
+
+    cce._BUILT.clear()
+    clear_memo()
+    _Graph.plans_built.clear()
+
+
+@pytest.mark.usefixtures("serialized_route")
+def test_serialized_plans_are_timed_stored_and_a_warm_build_builds_none(tmp_path: Any) -> None:
+    launch, group = _build_main()
+    assert sorted(_Graph.plans_built) == [0, 1, 2]          # every candidate plan built once, serialized
+    assert launch.plan.graph.selected == 1                   # the fast one, deserialized
+    assert set(launch.tensors.values()) <= set(cce.plans.UIDS.values())   # bound by uid
+    _check_against_plain(launch, group, "serialized plan")
+    assert launch.ordered is True
+    (stored,) = (tmp_path / "cudnn_plans").glob("*.plan")
+    _new_process()
+    warm, group = _build_main()
+    assert _Graph.plans_built == [] and warm.plan.graph.selected == 1
+    assert warm.plan.graph.steps == ["deserialize"]
+    _check_against_plain(warm, group, "stored plan")
+    # a corrupt entry is deleted with a warning and the plan built again
+    stored.write_bytes(b"{not json\n" + b"garbage")
+    _new_process()
+    with pytest.warns(cce.plans.CacheWarning, match="corrupt"):
+        again, group = _build_main()
+    assert sorted(_Graph.plans_built) == [0, 1, 2] and again.plan.graph.selected == 1
+    _check_against_plain(again, group, "rebuilt plan")
+    assert stored.read_bytes().split(b"\n", 1)[0].startswith(b'{"key"')   # rewritten whole
+
+
+@pytest.mark.usefixtures("serialized_route")
+def test_a_stored_plan_that_does_not_load_is_built_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    _build_main()
+    _new_process()
+
+    def broken(self: _Graph, handle: Any, blob: bytes) -> None:
+        raise RuntimeError("CUDNN_STATUS_BAD_PARAM: a plan serialized by another library build")
+
+    monkeypatch.setattr(_Graph, "deserialize", broken)
+    with pytest.warns(cce.plans.CacheWarning, match="not loadable"):
+        launch, group = _build_main()
+    # nothing deserializes now: built in-process (the heuristics' walk, then the timed plans)
+    assert "build_plans" in launch.plan.graph.steps and "deserialize" not in launch.plan.graph.steps
+    _check_against_plain(launch, group, "in-process after a bad store")
+
+
+@pytest.mark.usefixtures("serialized_route")
+def test_prefetched_builds_are_taken_from_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from fusegraph.backends import build_workers
+    from fusegraph.backends.conv_kernel import prefetch_library_plans
+
+    jobs: list[tuple[str, tuple[Any, ...]]] = []
+
+    class InProcess:
+        """A pool whose worker is this process (the stand-in cudnn lives here), on the CPU."""
+
+        def submit(self, function: str, *args: Any) -> Future[Any]:
+            jobs.append((function, args))
+            done: Future[Any] = Future()
+            done.set_result(build_workers.run_job(function, (*args[:-1], None)))
+            return done
+
+    monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
+    groups, _ = _groups(ConvBN("add"))
+    group = _main(groups)
+    assert prefetch_library_plans(group, "cuda:0")
+    ((function, (recipes, max_plans, device_index)),) = jobs
+    assert function == "fusegraph.backends.cudnn_plans:build_serialized"
+    assert max_plans == cce.MAX_PLANS and device_index == 0 and recipes[0].residual is not None
+    assert not prefetch_library_plans(group, "cuda:0")        # one job per distinct plan
+    built = list(_Graph.plans_built)
+    launch, group = _build_main()
+    assert _Graph.plans_built == built and not cce._PENDING  # the worker's plans were used, none built here
+    _check_against_plain(launch, group, "prefetched plan")
+    _new_process()
+    assert not prefetch_library_plans(group, "cuda:0")        # stored on disk: nothing to build
+
+
+def test_recipes_pickle_and_name_the_graph_they_describe() -> None:
+    import pickle
+
+    groups, _ = _groups(ConvBN("downsample"))
+    group = _main(groups)
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    recipes = cce.recipes_for(epi)
+    assert [(r.form, r.vector_dtype) for r in recipes] == [("direct", "float32"), ("rescaled", "float32"),
+                                                           ("direct", "float16"), ("rescaled", "float16")]
+    assert pickle.loads(pickle.dumps(recipes)) == recipes
+    direct, rescaled = recipes[:2]
+    assert direct.roles() == ("x", "w", "scale", "shift", "residual", "rscale", "y")
+    assert direct.residual_scaled and not direct.rescale_after
+    assert rescaled.rescale_after and not rescaled.residual_scaled and rescaled.scale and rescaled.shift

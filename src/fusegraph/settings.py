@@ -149,6 +149,11 @@ _register("recompute_materialized", str, lambda: "held",
 _register("compile_threads", int, lambda: 0,
           "Threads that compile a kernel's candidate configurations in parallel before timing "
           "(0: one per CPU core, at most 16; 1: one after another).")
+_register("build_workers", int, lambda: -1,
+          "Worker processes that build cuDNN frontend plans in parallel while a plan is built (their builds "
+          "hold the GIL, so threads do not overlap them); plans come back serialized. -1: half the CPU cores "
+          "(divided among LOCAL_WORLD_SIZE ranks), at most 8; 0: build in-process. Each worker holds a CUDA "
+          "context while it lives and exits after 30 s without work.")
 _register("tune", str, lambda: "fast",
           "How much to tune: 'fast' (memory-bound kernels whose floor is under tune_heuristic_floor_us take "
           "their shape's heuristic config untimed; the rest are timed) or 'full' (time every kernel above "

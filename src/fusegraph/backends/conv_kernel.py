@@ -168,12 +168,13 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
         return out
     out.update(triton_conv.group_candidates(group, device, name, epilogue, compute_dtype, allow_tf32))
     out.update(conv_gemm.candidate(group, device, name, compute_dtype))
-    if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
+    route = frontend_route(group)
+    if route is None:
         cudnn_frontend.debug(name, "the epilogue stores more than its final value")
         return out
     out_strides = group.outputs[0].spec.memory_strides
     positions = {n.id: k for k, n in enumerate(group.inputs)}
-    if len(group.epilogue.inputs) == 1 and cudnn_frontend.conv_activation(group.epilogue_nodes) is not None:
+    if route == "activation":
         frontend = cudnn_frontend.conv_candidate(node, group.epilogue_nodes, out_strides, device, name)
         if frontend is not None:
             conv_args = [positions[i.id] for i in node.inputs]
@@ -184,6 +185,26 @@ def library_candidates(group: ConvGroup, device: str, name: str, compute_dtype: 
     if fused_epilogue is not None:
         out["cudnn_frontend_epilogue"] = fused_epilogue
     return out
+
+
+def frontend_route(group: ConvGroup) -> str | None:
+    """Which cuDNN frontend candidate a group gets: "activation" (conv + bias + one activation,
+    backends/cudnn_frontend.conv_candidate), "epilogue" (a CNN inference epilogue,
+    backends/cudnn_conv_epilogue.candidate) or None (the epilogue stores more than its final value)."""
+    node = group.compute
+    if not (len(group.outputs) == 1 and group.outputs[0].id == (group.epilogue_nodes or [node])[-1].id):
+        return None
+    if len(group.epilogue.inputs) == 1 and cudnn_frontend.conv_activation(group.epilogue_nodes) is not None:
+        return "activation"
+    return "epilogue"
+
+
+def prefetch_library_plans(group: ConvGroup, device: str) -> bool:
+    """Start building the group's fused cuDNN epilogue plan in a build worker now (the kernel's own
+    build takes the result); True when a job was submitted."""
+    if device.startswith("cuda") and frontend_route(group) == "epilogue":
+        return cudnn_conv_epilogue.prefetch(group.compute, group.epilogue_nodes, group.inputs, device)
+    return False
 
 
 def epilogue_ops(group: ConvGroup) -> list[str]:

@@ -51,6 +51,7 @@ from ..runtime.cuda_graph import refresh_before_replay
 from ..runtime.kernel import in_strides
 from ..settings import settings
 from . import cudnn_frontend as fe
+from . import cudnn_plans as plans
 
 # a per-channel expression: ("leaf", node id) | ("const", value) | (op, a, b) for mul/add/sub/div | ("neg", a)
 Expr = tuple[Any, ...]
@@ -325,56 +326,37 @@ def rescaled(vectors: dict[str, torch.Tensor], channels: int) -> dict[str, torch
 NHWC = (0, 2, 3, 1)
 
 
-def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str,
-                vector_dtype: str = "float32") -> tuple[Any, dict[str, Any]]:
-    """Describe the plan to the frontend module `cudnn` (mode "direct": the residual scaled in the
-    graph; "rescaled": the residual added unscaled and the sum multiplied by its scale), per-channel
-    vectors in `vector_dtype`. Returns the graph (not built) and its tensors by role: x, w, scale,
-    shift, residual, rscale, y."""
+def recipe_of(epi: ConvEpilogue, mode: str, vector_dtype: str = "float32") -> plans.ConvRecipe:
+    """The plan as plain values (backends/cudnn_plans.py): mode "direct" scales the residual in the
+    graph; "rescaled" adds it unscaled and multiplies the sum by its scale; per-channel vectors in
+    `vector_dtype`."""
     from ..ops.conv import conv_params
 
     node = epi.conv
     stride, padding, dilation, _ = conv_params(node.attrs)
-    dt = fe._data_type(cudnn, node.dtype)
-    fp32 = cudnn.data_type.FLOAT
-    graph = cudnn.pygraph(io_data_type=dt, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
-    x_spec, w_spec = node.inputs[0].spec, node.inputs[1].spec
-    t: dict[str, Any] = {
-        "x": graph.tensor(name="x", dim=list(x_spec.shape), stride=list(strides_for_order(x_spec.shape, NHWC)),
-                          data_type=dt),
-        "w": graph.tensor(name="w", dim=list(w_spec.shape), stride=list(strides_for_order(w_spec.shape, NHWC)),
-                          data_type=dt)}
-    c = epi.channels
-
-    def vector(role: str) -> Any:
-        t[role] = graph.tensor(name=role, dim=[1, c, 1, 1], stride=[c, 1, c, c],
-                               data_type=fe._data_type(cudnn, vector_dtype))
-        return t[role]
-
-    y = graph.conv_fprop(image=t["x"], weight=t["w"], padding=list(padding), stride=list(stride),
-                         dilation=list(dilation), compute_data_type=fp32, name="conv")
     scaled_residual = epi.residual is not None and epi.residual_scale is not None
     rescale = mode == "rescaled" and scaled_residual
-    if epi.scale is not None or rescale:
-        y = graph.mul(a=y, b=vector("scale"), compute_data_type=fp32, name="scale")
-    if epi.shift is not None or rescale:
-        y = graph.add(a=y, b=vector("shift"), compute_data_type=fp32, name="shift")
-    if epi.residual is not None:
-        shape = epi.residual.spec.shape
-        r = t["residual"] = graph.tensor(name="residual", dim=list(shape), stride=list(strides_for_order(shape, NHWC)),
-                                         data_type=fe._data_type(cudnn, epi.residual.dtype))
-        if scaled_residual and not rescale:
-            r = graph.mul(a=r, b=vector("rscale"), compute_data_type=fp32, name="residual_scale")
-        y = graph.add(a=y, b=r, compute_data_type=fp32, name="residual")
-        if rescale:
-            y = graph.mul(a=y, b=vector("rscale"), compute_data_type=fp32, name="rescale")
-    if epi.activation:
-        y = getattr(graph, epi.activation)(input=y, name=epi.activation)
-    shape = epi.out.spec.shape
-    y.set_output(True).set_data_type(fe._data_type(cudnn, epi.out.dtype)).set_dim(list(shape)) \
-        .set_stride(list(strides_for_order(shape, NHWC)))
-    t["y"] = y
-    return graph, t
+    residual = None if epi.residual is None else (tuple(epi.residual.spec.shape), epi.residual.dtype)
+    return plans.ConvRecipe(
+        x_shape=tuple(node.inputs[0].spec.shape), w_shape=tuple(node.inputs[1].spec.shape), stride=tuple(stride),
+        padding=tuple(padding), dilation=tuple(dilation), dtype=node.dtype, vector_dtype=vector_dtype,
+        scale=epi.scale is not None or rescale, shift=epi.shift is not None or rescale, residual=residual,
+        residual_scaled=scaled_residual and not rescale, rescale_after=rescale, activation=epi.activation,
+        out_shape=tuple(epi.out.spec.shape), out_dtype=epi.out.dtype, form=mode)
+
+
+def recipes_for(epi: ConvEpilogue) -> list[plans.ConvRecipe]:
+    """The forms to try, in order: the direct chain, then for a scaled residual the rescaled one,
+    each with fp32 per-channel vectors, then with vectors in the convolution's dtype."""
+    forms = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
+    return [recipe_of(epi, mode, vd) for vd in ("float32", epi.conv.dtype) for mode in forms]
+
+
+def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str,
+                vector_dtype: str = "float32") -> tuple[Any, dict[str, Any]]:
+    """The frontend graph (not built) of `epi` in that form, and its tensors by role: x, w, scale,
+    shift, residual, rscale, y."""
+    return plans.graph_from_recipe(cudnn, handle, recipe_of(epi, mode, vector_dtype))
 
 
 def _same_unchanged(t: torch.Tensor, held: torch.Tensor, version: int) -> bool:
@@ -450,7 +432,7 @@ class FusedConvLaunch:
         self.folds = 0
         self.folded = FoldedVectors(self.cacheable, self._fold)
         self.roles = tuple(tensors)
-        uids = [getattr(tensors[r], "uid", None) for r in self.roles]
+        uids = [t if isinstance(t, int) else getattr(t, "uid", None) for t in (tensors[r] for r in self.roles)]
         ints = [u for u in uids if isinstance(u, int)]
         self.uids = tuple(ints) if len(ints) == len(uids) else None
         self.ordered: bool | None = None     # the ordered binding path: untried, agreed with the dict path, or not
@@ -549,23 +531,175 @@ def build(epi: ConvEpilogue, inputs: Sequence[Node], out_strides: tuple[int, ...
 
 
 def _build_first(epi: ConvEpilogue, cudnn: Any, device: torch.device, name: str) -> tuple[Any, str]:
-    """((plan, tensors, mode, vector dtype), "") for the first form that builds, else (None, why)."""
+    """((plan, tensors, mode, vector dtype), "") for the first form that builds, else (None, why).
+    Timed on a GPU: from serialized plans (_from_serialized); otherwise, or when that path fails,
+    built here, the heuristics' plan (timed too on a GPU, _time_plans)."""
     handle = fe._handle(cudnn, device)
-    forms = ["direct", "rescaled"] if epi.residual is not None and epi.residual_scale is not None else ["direct"]
+    recipes = recipes_for(epi)
+    if _serialized_route(device):
+        try:
+            got = _from_serialized(epi, recipes, cudnn, handle, device, name)
+        except Exception as err:  # anything unexpected in that route: the in-process builds below
+            fe.debug(name, f"serialized plans not used: {type(err).__name__}: {str(err)[:200]}")
+            got = None
+        if got is not None:
+            return got
     failures = []
-    for vector_dtype in ("float32", epi.conv.dtype):
-        for mode in forms:
-            try:
-                graph, tensors = build_graph(cudnn, handle, epi, mode, vector_dtype)
-                fe._build(graph, cudnn)
-                if device.type == "cuda" and settings.autotune:
-                    _time_plans(graph, cudnn, handle, epi, tensors, mode, vector_dtype, device, name)
-                plan = fe.FrontendPlan(cudnn, graph, handle, device)
-            except Exception as err:  # no engine for this graph here: try the next form
-                failures.append(f"{mode} {vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
-                continue
-            return (plan, tensors, mode, vector_dtype), ""
+    for recipe in recipes:
+        try:
+            graph, tensors = plans.graph_from_recipe(cudnn, handle, recipe)
+            fe._build(graph, cudnn)
+            if device.type == "cuda" and settings.autotune:
+                _time_plans(graph, cudnn, handle, epi, tensors, recipe.form, recipe.vector_dtype, device, name)
+            plan = fe.FrontendPlan(cudnn, graph, handle, device)
+        except Exception as err:  # no engine for this graph here: try the next form
+            failures.append(f"{recipe.form} {recipe.vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
+            continue
+        return (plan, tensors, recipe.form, recipe.vector_dtype), ""
     return None, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(failures)
+
+
+def _serialized_route(device: torch.device) -> bool:
+    """Are plans built as serialized candidates and timed (a GPU, autotuning on)?"""
+    return device.type == "cuda" and bool(settings.autotune)
+
+
+# build-worker jobs submitted ahead of the conv kernels' builds (prefetch), by their recipe lists
+_PENDING: dict[tuple[plans.ConvRecipe, ...], Any] = {}
+
+
+def _store_key(recipes: Sequence[plans.ConvRecipe], cudnn: Any) -> dict[str, Any] | None:
+    from ..tune import keys
+
+    gpu = keys.gpu_identity()
+    return None if gpu is None else plans.store_key(recipes, gpu, _cudnn_version(cudnn))
+
+
+def prefetch(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], device: str) -> bool:
+    """Submit the fused plan's builds to the build workers (backends/build_workers.py) now, so they
+    run while other kernels are built; `build` then takes the result. True when a job was submitted
+    (not when the plan is unavailable, already built or stored, or there are no workers)."""
+    from . import build_workers
+
+    dev = torch.device(device)
+    if fe.unavailable(device) is not None or not _serialized_route(dev) or int(conv.attrs.get("groups", 1)) != 1:
+        return False
+    try:
+        epi = classify(conv, epilogue, inputs)
+    except NotServed:
+        return False
+    cudnn = fe._load()[0]
+    recipes = tuple(recipes_for(epi))
+    key = _store_key(recipes, cudnn)
+    if plan_key(epi, cudnn, dev) in _BUILT or recipes in _PENDING or key is None or plans.load(key) is not None:
+        return False
+    workers = build_workers.pool()
+    if workers is None:
+        return False
+    _PENDING[recipes] = workers.submit("fusegraph.backends.cudnn_plans:build_serialized", list(recipes), MAX_PLANS,
+                                       _device_index(dev))
+    return True
+
+
+def _fetch(recipes: Sequence[plans.ConvRecipe], device: torch.device, name: str) -> plans.Built:
+    """The prefetched worker's result, or (none submitted, or the worker failed) built here."""
+    future = _PENDING.pop(tuple(recipes), None)
+    if future is not None:
+        try:
+            built: plans.Built = future.result()
+            return built
+        except Exception as err:  # the worker died or failed: build here
+            fe.debug(name, f"build worker failed ({type(err).__name__}: {str(err)[:160]}); building in-process")
+    return plans.build_serialized(recipes, MAX_PLANS, _device_index(device))
+
+
+def _device_index(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _from_serialized(epi: ConvEpilogue, recipes: Sequence[plans.ConvRecipe], cudnn: Any, handle: Any,
+                     device: torch.device, name: str) -> tuple[Any, str] | None:
+    """The plan from the store (a warm compile: nothing built), or the fastest of the first MAX_PLANS
+    execution plans, built serialized (by a worker when prefetched), deserialized here and timed; the
+    choice is stored. None when no plan deserializes (the caller builds in-process)."""
+    key = _store_key(recipes, cudnn)
+    stored = plans.load(key) if key is not None else None
+    if stored is not None and key is not None:
+        k, _, blob = stored
+        try:
+            return _ready(plans.deserialize(cudnn, handle, blob), recipes[k], cudnn, handle, device), ""
+        except Exception as err:  # another library build, a truncated blob: build it again
+            plans.forget(key, f"not loadable ({type(err).__name__}: {str(err)[:120]})")
+    built = _fetch(recipes, device, name)
+    if built.recipe is None:
+        return None, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(built.failures)
+    recipe = recipes[built.recipe]
+    graphs = {}
+    for i, blob in built.blobs.items():
+        try:
+            graphs[i] = plans.deserialize(cudnn, handle, blob)
+        except Exception as err:  # this plan does not load here: not a candidate
+            fe.debug(name, f"serialized plan {i} not loadable: {type(err).__name__}: {str(err)[:120]}")
+    if not graphs:
+        return None
+    tensors = {role: plans.UIDS[role] for role in recipe.roles()}
+    best = min(graphs)
+    if len(graphs) > 1:
+        bindings = example_bindings(epi, tensors, recipe.vector_dtype, device)
+        best = _fastest(graphs, cudnn, handle, bindings, name,
+                        {**plan_cache_key(epi, recipe.form, recipe.vector_dtype, cudnn),
+                         "plans": min(built.count, MAX_PLANS)})
+    if key is not None:
+        plans.store(key, built.recipe, best, built.blobs[best])
+    return _ready(graphs[best], recipe, cudnn, handle, device), ""
+
+
+def _ready(graph: Any, recipe: plans.ConvRecipe, cudnn: Any, handle: Any,
+           device: torch.device) -> tuple[Any, ...]:
+    """(plan, tensors by role as uids, form, vector dtype): what _build_first returns."""
+    return (fe.FrontendPlan(cudnn, graph, handle, device), {r: plans.UIDS[r] for r in recipe.roles()},
+            recipe.form, recipe.vector_dtype)
+
+
+def _fastest(graphs: dict[int, Any], cudnn: Any, handle: Any, bindings: dict[Any, torch.Tensor], name: str,
+             key: Mapping[str, Any]) -> int:
+    """The index of the fastest deserialized plan on `bindings` (the autotuner, cached under `key`)."""
+    from ..tune import Config, tune
+
+    device = next(iter(bindings.values())).device
+
+    def bench(config: Config) -> float:
+        graph = graphs[int(config["plan"])]
+        workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
+
+        def run() -> None:
+            if device.type == "cuda":   # plan_device_ms captures on a side stream
+                cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+            graph.execute(bindings, workspace, handle=handle)
+
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return plan_device_ms(run, device)
+
+    result = tune(f"{name}_cudnn_plan", key, [Config(plan=i) for i in sorted(graphs)], bench)
+    if device.type == "cuda":
+        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+    if settings.debug >= 1:
+        timed = ", ".join(f"{t.config['plan']}: {t.ms:.3f}" if t.ms is not None else f"{t.config['plan']}: failed"
+                          for t in result.timings)
+        print(f"[fusegraph] {name}: cuDNN fused conv plan {result.config['plan']} ({result.source}; "
+              f"timed ms: {timed or '-'})")
+    return int(result.config["plan"])
+
+
+def _cudnn_version(cudnn: Any) -> str:
+    try:
+        return str(cudnn.backend_version())
+    except Exception:  # an older frontend: the module's own version
+        return str(getattr(cudnn, "__version__", "unknown"))
 
 
 MAX_PLANS = 4   # engine configurations timed per graph (each is built: bounded build time)
@@ -575,10 +709,7 @@ def plan_cache_key(epi: ConvEpilogue, mode: str, vector_dtype: str, cudnn: Any) 
     """What a fused conv graph computes, for the tuning cache: the plan_key fields, the graph's form
     and the cuDNN library version (engine lists differ between versions)."""
     conv = epi.conv
-    try:
-        version = str(cudnn.backend_version())
-    except Exception:  # an older frontend: the module's own version
-        version = str(getattr(cudnn, "__version__", "unknown"))
+    version = _cudnn_version(cudnn)
     return {"conv": repr(conv.attrs), "x": str(conv.inputs[0].spec), "w": str(conv.inputs[1].spec),
             "dtype": conv.dtype, "epilogue": epi.describe(), "residual": None if epi.residual is None
             else str(epi.residual.spec), "out": str(epi.out.spec), "mode": mode, "vectors": vector_dtype,

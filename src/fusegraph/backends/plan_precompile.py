@@ -10,6 +10,7 @@ build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_j
 and timed against), and the Triton attention kernels of attention nodes (each distinct launch of their
 candidate configs, backends/attention_kernel.attention_warmup_jobs); the rest (library plans, cuBLAS
 epilogues) compiles where it is built.
+Before those, the conv groups' fused cuDNN plans go to build worker processes (prefetch_library_plans).
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
 
@@ -39,6 +40,8 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
     from .attention_kernel import attention_problem, attention_warmup_jobs
     from .matmul_kernel import gemm_warmup_jobs
 
+    if device.startswith("cuda"):
+        prefetch_library_plans(items, device)
     if not device.startswith("cuda") or not settings.use_triton or interpreting():
         return 0
     jobs: list[Any] = []
@@ -62,6 +65,22 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any]) 
             log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
     compile_in_parallel(jobs)
     return len(jobs)
+
+
+def prefetch_library_plans(items: Sequence[Any], device: str) -> int:
+    """Start the conv groups' fused cuDNN plan builds in build workers (backends/build_workers.py),
+    ahead of the kernels' own builds, which take the results; returns how many were submitted."""
+    from ..fusion.epilogue import ConvGroup
+    from .conv_kernel import prefetch_library_plans as prefetch
+
+    submitted = 0
+    for item in items:
+        if isinstance(item, ConvGroup):
+            try:
+                submitted += prefetch(item, device)
+            except Exception as err:  # the kernel's own build builds it in-process
+                log.debug("cuDNN plan of %s not prefetched: %s: %s", item.compute.name, type(err).__name__, err)
+    return submitted
 
 
 def first_time(source: str, seen: set[str] | None) -> bool:

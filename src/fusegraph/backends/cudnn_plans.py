@@ -1,0 +1,249 @@
+"""Fused conv-epilogue cuDNN plans as data: a recipe of plain values that describes the graph, built
+(in a worker process or here) into serialized execution plans, deserialized where they run, and the
+tuned choice kept on disk.
+
+    recipes = [recipe_of(epi, "direct", "float32"), ...]            # alternatives, first that builds wins
+    built = build_serialized(recipes, max_plans=4, device_index=0)  # what a build worker runs
+    graph = deserialize(cudnn, handle, built.blobs[i])               # a few ms; executes by tensor uid
+
+A recipe is what backends/cudnn_conv_epilogue.ConvEpilogue says in frontend terms (shapes, conv
+parameters, which per-channel vectors, residual, activation, dtypes, the graph's form), so it pickles
+to a build worker (backends/build_workers.py) and keys the on-disk store. Graph tensors get fixed
+uids (UIDS), so a deserialized graph binds its operands by role without the objects that built it.
+
+The store (<settings.cache_dir>/cudnn_plans/<sha256>.plan) holds the chosen plan of each recipe list
+for one GPU and cuDNN version: a JSON header line naming the key, then the serialized plan. A warm
+compile deserializes it instead of building any plan. Files are written atomically; an entry that
+does not parse, names another key, or does not deserialize is deleted with a CacheWarning and built
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ir.spec import strides_for_order
+from ..settings import settings
+from ..tune.cache import CacheWarning
+from . import cudnn_frontend as fe
+
+NHWC = (0, 2, 3, 1)
+UIDS = {"x": 1, "w": 2, "scale": 3, "shift": 4, "residual": 5, "rscale": 6, "y": 7}
+STORE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class ConvRecipe:
+    """conv_fprop -> [mul(scale)] -> [add(shift)] -> [add(residual) | add(mul(residual, rscale))]
+    -> [mul(rscale) after the add: the "rescaled" form] -> [activation], NHWC, fp32 intermediates."""
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    dtype: str                                       # the convolution's operands
+    vector_dtype: str                                # the per-channel vectors
+    scale: bool
+    shift: bool
+    residual: tuple[tuple[int, ...], str] | None     # (shape, dtype)
+    residual_scaled: bool                            # mul(residual, rscale) before the add
+    rescale_after: bool                              # mul(rscale) after the residual add
+    activation: str                                  # the frontend's method name, "" for none
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    form: str = field(default="direct")              # "direct" | "rescaled" (for reports)
+
+    @property
+    def channels(self) -> int:
+        return self.w_shape[0]
+
+    def roles(self) -> tuple[str, ...]:
+        """The graph's tensors by role, in uid order."""
+        present = {"x": True, "w": True, "scale": self.scale, "shift": self.shift,
+                   "residual": self.residual is not None, "rscale": self.residual_scaled or self.rescale_after,
+                   "y": True}
+        return tuple(r for r in UIDS if present[r])
+
+
+def graph_from_recipe(cudnn: Any, handle: Any, r: ConvRecipe) -> tuple[Any, dict[str, Any]]:
+    """The frontend graph of a recipe (not built) and its tensors by role, each with its UIDS uid."""
+    dt = fe._data_type(cudnn, r.dtype)
+    fp32 = cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=dt, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    t: dict[str, Any] = {
+        "x": graph.tensor(name="x", dim=list(r.x_shape), stride=list(strides_for_order(r.x_shape, NHWC)), data_type=dt),
+        "w": graph.tensor(name="w", dim=list(r.w_shape), stride=list(strides_for_order(r.w_shape, NHWC)), data_type=dt)}
+    c = r.channels
+
+    def vector(role: str) -> Any:
+        t[role] = graph.tensor(name=role, dim=[1, c, 1, 1], stride=[c, 1, c, c],
+                               data_type=fe._data_type(cudnn, r.vector_dtype))
+        return t[role]
+
+    y = graph.conv_fprop(image=t["x"], weight=t["w"], padding=list(r.padding), stride=list(r.stride),
+                         dilation=list(r.dilation), compute_data_type=fp32, name="conv")
+    if r.scale:
+        y = graph.mul(a=y, b=vector("scale"), compute_data_type=fp32, name="scale")
+    if r.shift:
+        y = graph.add(a=y, b=vector("shift"), compute_data_type=fp32, name="shift")
+    if r.residual is not None:
+        shape, dtype = r.residual
+        res = t["residual"] = graph.tensor(name="residual", dim=list(shape),
+                                           stride=list(strides_for_order(shape, NHWC)),
+                                           data_type=fe._data_type(cudnn, dtype))
+        if r.residual_scaled:
+            res = graph.mul(a=res, b=vector("rscale"), compute_data_type=fp32, name="residual_scale")
+        y = graph.add(a=y, b=res, compute_data_type=fp32, name="residual")
+        if r.rescale_after:
+            y = graph.mul(a=y, b=vector("rscale"), compute_data_type=fp32, name="rescale")
+    if r.activation:
+        y = getattr(graph, r.activation)(input=y, name=r.activation)
+    y.set_output(True).set_data_type(fe._data_type(cudnn, r.out_dtype)).set_dim(list(r.out_shape)) \
+        .set_stride(list(strides_for_order(r.out_shape, NHWC)))
+    t["y"] = y
+    for role, tensor in t.items():
+        tensor.set_uid(UIDS[role])
+    return graph, t
+
+
+@dataclass
+class Built:
+    """What build_serialized returns: the first recipe (by position) that built, the number of
+    execution plans cuDNN offered for it, and the first max_plans of them serialized (by plan index;
+    an index that did not build or serialize is missing, its reason in `failures`)."""
+
+    recipe: int | None
+    count: int = 0
+    blobs: dict[int, bytes] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def build_serialized(recipes: Sequence[ConvRecipe], max_plans: int, device_index: int | None) -> Built:
+    """Build the first recipe cuDNN has engines for: its first `max_plans` execution plans, each
+    serialized. The job a build worker runs (backends/build_workers.py); also run in-process."""
+    import torch
+
+    cudnn, why = fe._load()
+    if cudnn is None:
+        return Built(None, failures=[str(why)])
+    if device_index is None:
+        return _build(cudnn, None, recipes, max_plans)
+    with torch.cuda.device(device_index):   # the plans are built for (and on) that GPU
+        return _build(cudnn, fe._handle(cudnn, torch.device("cuda", device_index)), recipes, max_plans)
+
+
+def _build(cudnn: Any, handle: Any, recipes: Sequence[ConvRecipe], max_plans: int) -> Built:
+    failures: list[str] = []
+    for k, recipe in enumerate(recipes):
+        try:
+            graph, _ = graph_from_recipe(cudnn, handle, recipe)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            count = int(graph.get_execution_plan_count())
+        except Exception as err:  # no engine for this form: the next one
+            failures.append(f"{recipe.form} {recipe.vector_dtype}: {type(err).__name__}: {str(err)[:160]}")
+            continue
+        built = Built(k, count, failures=failures)
+        for i in range(min(count, max(1, max_plans))):
+            try:
+                graph.build_plan_at_index(i)
+                built.blobs[i] = _serialize(graph)
+            except Exception as err:  # this engine does not build (or serialize) here
+                built.failures.append(f"plan {i}: {type(err).__name__}: {str(err)[:160]}")
+        if built.blobs:
+            return built
+        failures.append(f"{recipe.form} {recipe.vector_dtype}: none of {count} plans built")
+    return Built(None, failures=failures)
+
+
+def _serialize(graph: Any) -> bytes:
+    try:
+        return bytes(graph.serialize(as_bytes=True))
+    except TypeError:   # an older frontend: a list of byte values
+        return bytes(graph.serialize())
+
+
+def deserialize(cudnn: Any, handle: Any, blob: bytes) -> Any:
+    """A ready-to-execute graph from a serialized plan (its tensors bound by UIDS uid)."""
+    graph = cudnn.pygraph(handle=handle)
+    graph.deserialize(handle, blob)
+    return graph
+
+
+# ---- the on-disk store of chosen plans ----
+
+def store_key(recipes: Sequence[ConvRecipe], gpu: dict[str, str], cudnn_version: str) -> dict[str, Any]:
+    return {"schema": STORE_SCHEMA, "recipes": [asdict(r) for r in recipes], "gpu": gpu, "cudnn": cudnn_version}
+
+
+def _path(key: dict[str, Any]) -> Path:
+    text = json.dumps(key, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return Path(settings.cache_dir).expanduser() / "cudnn_plans" / f"{digest}.plan"
+
+
+def load(key: dict[str, Any]) -> tuple[int, int, bytes] | None:
+    """(recipe position, plan index, serialized plan) stored for `key`, or None (missing, or corrupt:
+    deleted with a warning)."""
+    path = _path(key)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        warnings.warn(f"cannot read cuDNN plan {path}: {err}; building it again", CacheWarning, stacklevel=2)
+        return None
+    try:
+        head, _, blob = raw.partition(b"\n")
+        header = json.loads(head)
+        if json.dumps(header["key"], sort_keys=True) != json.dumps(key, sort_keys=True) or not blob:
+            raise ValueError("it holds another key")
+        return int(header["recipe"]), int(header["plan"]), blob
+    except (ValueError, KeyError, TypeError) as err:
+        forget(key, f"corrupt ({err})")
+        return None
+
+
+def forget(key: dict[str, Any], why: str) -> None:
+    """Delete the stored plan for `key` (with a warning saying why)."""
+    path = _path(key)
+    warnings.warn(f"cuDNN plan {path} is {why}; deleting it and building the plan again", CacheWarning,
+                  stacklevel=3)
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def store(key: dict[str, Any], recipe: int, plan: int, blob: bytes) -> Path | None:
+    """Write the chosen plan atomically (temp file, fsync, rename); None with a warning on failure."""
+    path = _path(key)
+    header = json.dumps({"key": key, "recipe": recipe, "plan": plan}, sort_keys=True).encode()
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="." + path.stem + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(header + b"\n" + blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as err:
+        warnings.warn(f"cannot write cuDNN plan {path}: {err}", CacheWarning, stacklevel=2)
+        return None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return path
