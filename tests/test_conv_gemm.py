@@ -105,3 +105,34 @@ def test_the_inner_gemm_plan_computes_the_group(kind: str, bias: bool) -> None:
     if launch.fused is not None and launch.fused.fold:    # vectors refolded when a BN input changes in place
         args[launch.leaf_at[-1]].mul_(1.5)
         assert_close(launch(args)[0], plain.launch(args)[0], tol=5e-3, what=f"{kind} after an in-place update")
+
+
+def test_the_inner_plans_candidates_are_precompiled_with_the_outer_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan_precompile submits the inner GEMM plan's compile jobs with the outer plan's (one parallel
+    batch) instead of each inner plan compiling its own when the conv kernel is built."""
+    from fusegraph.backends import matmul_kernel, plan_precompile
+    from fusegraph.fusion.epilogue import MatmulGroup
+
+    asked: list[tuple[Any, str, str]] = []
+
+    def jobs(item: Any, name: str, device: str, seen: Any) -> list[str]:
+        asked.append((item, name, device))
+        return [f"compile {name}"]
+
+    monkeypatch.setattr(matmul_kernel, "gemm_warmup_jobs", jobs)
+    group = _group("residual")
+    got = plan_precompile.precompile_jobs([group], "cuda", {}, "float32", set())
+    ((item, name, device),) = asked
+    assert isinstance(item, MatmulGroup) and name == "fg_k0_matmul" and device == "cuda"   # as the inner build names it
+    assert got[-1] == "compile fg_k0_matmul"
+    assert [n.op for n in item.epilogue_nodes][-1] == "cast" and item.compute.spec.shape == (60, 24)
+    # an inner plan that exists already compiles nothing more
+    launch = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))["conv_as_gemm"]
+    monkeypatch.setitem(conv_gemm._PLANS, launch.plan_key(), object())
+    assert plan_precompile.conv_gemm_warmup_jobs(group, 0, "cuda", "float32", set()) == []
+    with override(conv_as_gemm=False):
+        assert plan_precompile.conv_gemm_warmup_jobs(group, 0, "cuda", "float32", set()) == []
+    asked.clear()
+    seen: set[str] = set()
+    twice = plan_precompile.precompile_jobs([_group("none"), _group("none")], "cuda", {}, "float32", seen)
+    assert len(asked) == 1 and twice == ["compile fg_k0_matmul"]      # a repeated block's twin adds nothing

@@ -68,27 +68,8 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
                                 f"(automatic)")
     static_inputs = check_static_inputs(options.get("static_inputs", ()), len(graph.inputs))
     held_outputs = check_held_outputs(options.get("held_outputs"), len(graph.outputs))
-    verify(graph)
-    mark("verify")
-    optimized = optimize(graph)
-    mark("passes")
-    # decompose runs as a Pass: recorded in provenance and verified like the others
-    primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
-    mark("decompose + passes")
-    # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
-    free_layout = check_positions("layout_outputs", options.get("layout_outputs", ()), len(graph.outputs))
-    primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)),
-                            free_layout)(primitive)
-    pad_at = check_positions("pad_outputs", options.get("pad_outputs", ()), len(graph.outputs))
-    if pad_at:   # outputs the caller takes with padded rows (passes/pad_align.py)
-        primitive = Pass("pad_outputs", lambda g: pad_outputs(g, pad_at))(primitive)
-    if options.get("fuse", True):
-        from .fusion.views import prepare as prepare_views  # views as strided aliases (fusion/views.py)
-
-        primitive = prepare_views(primitive, options.get("output_strides"))
-        kernels = lower_fused(primitive, device, options)
-    else:
-        kernels = lower_reference(primitive)
+    primitive = front_end(graph, options)
+    kernels = lower_fused(primitive, device, options) if options.get("fuse", True) else lower_reference(primitive)
     mark("lower (rest)")
 
     def rebuild(specs: Sequence[TensorSpec]) -> Plan:
@@ -101,6 +82,32 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     mark("plan (memory plan, guards)")
     _dump(plan)
     return plan
+
+
+def front_end(graph: Graph, options: dict[str, Any], marks: bool = True) -> Graph:
+    """The graph as lowering takes it: verified, optimized, decomposed, laid out (and with fuse on,
+    views prepared as strided aliases). `marks`: record each stage in the build profile (off for a
+    look at another graph in the middle of a build: plan_precompile's inner plans)."""
+    stage = mark if marks else (lambda name: None)
+    verify(graph)
+    stage("verify")
+    optimized = optimize(graph)
+    stage("passes")
+    # decompose runs as a Pass: recorded in provenance and verified like the others
+    primitive = optimize(decompose_keeping(frozenset(options.get("keep_composites", ())))(optimized))
+    stage("decompose + passes")
+    # channels-last for tensor-core convolutions and the chains around them (passes/layout.py)
+    free_layout = check_positions("layout_outputs", options.get("layout_outputs", ()), len(graph.outputs))
+    primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)),
+                            free_layout)(primitive)
+    pad_at = check_positions("pad_outputs", options.get("pad_outputs", ()), len(graph.outputs))
+    if pad_at:   # outputs the caller takes with padded rows (passes/pad_align.py)
+        primitive = Pass("pad_outputs", lambda g: pad_outputs(g, pad_at))(primitive)
+    if options.get("fuse", True):
+        from .fusion.views import prepare as prepare_views  # views as strided aliases (fusion/views.py)
+
+        primitive = prepare_views(primitive, options.get("output_strides"))
+    return primitive
 
 
 def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:

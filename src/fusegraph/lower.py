@@ -92,6 +92,16 @@ def lower_reference(graph: Graph) -> list[Kernel]:
     return [node_kernel(node, graph.compute_dtype) for node in graph.nodes if node.op != "input"]
 
 
+def plan_items(graph: Graph) -> tuple[list[Any], dict[int, Any]]:
+    """The partition lower_fused turns into kernels, in order (fusion groups, matmul and conv groups
+    with their claimed epilogues, single nodes), and the nodes computed as strided views of their input."""
+    from .fusion.epilogue import claim_epilogues
+    from .fusion.views import alias_kernel_specs
+
+    aliases = alias_kernel_specs(graph)   # views computed by torch as strided views: no copy
+    return claim_epilogues(partition_graph(graph, aliases).items, graph), aliases
+
+
 def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None) -> list[Kernel]:
     """Partition `graph` and turn each group into a kernel."""
     options = options or {}
@@ -99,15 +109,13 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     from .backends.lowering import compute_node_kernel
     from .backends.matmul_kernel import matmul_group_kernel
     from .backends.plan_precompile import precompile_plan
-    from .fusion.epilogue import ConvGroup, MatmulGroup, claim_epilogues
-    from .fusion.views import alias_kernel_specs
+    from .fusion.epilogue import ConvGroup, MatmulGroup
 
     mark("layout + views")
     kernels: list[Kernel] = []
-    aliases = alias_kernel_specs(graph)   # views computed by torch as strided views: no copy
-    items = claim_epilogues(partition_graph(graph, aliases).items, graph)
+    items, aliases = plan_items(graph)
     mark("partition")
-    precompile_plan(items, device, options)  # the kernels' Triton candidates compile at once, in parallel
+    precompile_plan(items, device, options, graph.compute_dtype)  # Triton candidates compile at once, in parallel
     mark("precompile (parallel)")
     for k, item in enumerate(items):
         built = len(kernels)

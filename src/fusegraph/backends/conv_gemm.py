@@ -35,6 +35,7 @@ from . import triton_conv
 DTYPES = ("float16", "bfloat16")
 MAX_SHARED_PLANS = 256
 _PLANS: dict[tuple[Any, ...], Any] = {}     # inner plans by GEMM shape and epilogue form (ConvAsGemm.prepare)
+INNER_OPTIONS: dict[str, Any] = {"cuda_graphs": False}   # how inner plans are built (the outer plan may capture)
 
 
 def debug(name: str, why: str) -> None:
@@ -163,16 +164,21 @@ class ConvAsGemm:
         outputs, so sharing it is safe)."""
         if self.plan is None:
             g, self.roles = self._graph()
-            key = (self.m, self.c_in, self.c_out, self.node.dtype, tuple(self.roles), self.compute_dtype, self.device,
-                   None if self.fused is None else (self.fused.form, self.fused.epi.residual is not None
-                                                     and self.fused.epi.residual.dtype),
-                   len(self.conv_at) == 3 and self.node.inputs[2].dtype)
+            key = self.plan_key()
             self.plan = _PLANS.get(key)
             if self.plan is None:
                 if len(_PLANS) >= MAX_SHARED_PLANS:
                     _PLANS.clear()
-                self.plan = _PLANS[key] = g.build(device=self.device, cuda_graphs=False)
+                self.plan = _PLANS[key] = g.build(device=self.device, **INNER_OPTIONS)
         return self.plan
+
+    def plan_key(self) -> tuple[Any, ...]:
+        """What the inner plan computes (the GEMM, its epilogue form, dtypes, device): plans are shared by it."""
+        roles = tuple(self._graph()[1]) if not hasattr(self, "roles") else tuple(self.roles)
+        return (self.m, self.c_in, self.c_out, self.node.dtype, roles, self.compute_dtype, self.device,
+                None if self.fused is None else (self.fused.form, self.fused.epi.residual is not None
+                                                  and self.fused.epi.residual.dtype),
+                len(self.conv_at) == 3 and self.node.inputs[2].dtype)
 
     @property
     def leaf_at(self) -> list[int]:
