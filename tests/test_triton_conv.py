@@ -622,3 +622,40 @@ def test_on_the_gpu_every_gemm_config_of_a_bottleneck_1x1_is_right_in_bf16() -> 
         for config in triton_conv.configs(problem):   # hints trusted on real hardware: each config checked
             got = triton_conv.conv2d(x, wt, b, (stride, stride), (0, 0), (1, 1), config=config)
             assert_close(got.float(), _reference(x, wt, b, stride, 0, 1), tol=2e-2, what=str(config))
+
+
+def test_the_plan_precompile_batch_gets_every_config_the_tuner_would_time(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Any) -> None:
+    """triton_conv.warmup_jobs (the plan's precompile batch) compiles what autotuned would: every
+    config when it will time them, the remembered choice when the cache has one, the first config
+    when it will not time; once per problem."""
+    from fusegraph.tune import Config, clear_memo, keys, tune
+
+    group = single_conv_group((2, 3, 12, 12), (8, 3, 3, 3), layout="NHWC", dtype="float16")
+    node = group.compute
+    assert triton_conv.unsupported(node) is None
+    problem = triton_conv.problem_of(node, node.spec.memory_strides)
+    compiled: list[dict[str, Any]] = []
+    real_operands = triton_conv.example_operands
+    monkeypatch.setattr(triton_conv, "example_operands",
+                        lambda p, device: real_operands(p, "cpu"))   # the operands only shape the jobs
+    monkeypatch.setattr(triton_conv.TritonConv, "warmup_job",
+                        lambda self, x, w, b: compiled.append(dict(self.config)) or (lambda: None))
+    monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "test GPU", "capability": "9.0"})
+    clear_memo()
+    every = triton_conv.configs(problem)
+    with override(cache_dir=str(tmp_path), autotune=True, tune_min_floor_us=0):
+        jobs = triton_conv.warmup_jobs(node, "cuda", False, seen := set())
+        assert len(jobs) == len(every) > 1 and compiled == every
+        assert triton_conv.warmup_jobs(node, "cuda", False, seen) == []          # the same problem: once
+        pick = Config(every[-1])
+        tune(triton_conv.KERNEL_NAME, problem.key("cuda"), [Config(c) for c in every],
+             lambda c: 1.0 if c == pick else 2.0)
+        compiled.clear()
+        triton_conv.warmup_jobs(node, "cuda", False, set())
+        assert compiled == [every[-1]]                                             # the remembered choice only
+    compiled.clear()
+    with override(autotune=False):
+        triton_conv.warmup_jobs(node, "cuda", False, set())
+    assert compiled == [every[0]]
+    assert triton_conv.warmup_jobs(node, "cpu", False, set()) == []

@@ -1,15 +1,16 @@
 """Compile a whole plan's Triton kernels at once, in parallel, before any kernel is built or tuned.
 
-lower_fused calls `precompile_plan(items, device, options)` with its partition items in lowering
-order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>), so the generated
-sources are the same and Triton's in-memory cache already holds every candidate the kernel's own
-build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs), fused groups
-(pointwise, row reductions, and the two launches of split column reductions) and row + column pairs
-(both launches, when the pair is eligible for one pass) and the generated epilogue of a convolution
-(fg_k{k}_conv_epilogue: the plain conv + epilogue candidate every fused library candidate is checked
-and timed against), and the Triton attention kernels of attention nodes (each distinct launch of their
-candidate configs, backends/attention_kernel.attention_warmup_jobs); the rest (library plans, cuBLAS
-epilogues) compiles where it is built.
+lower_fused calls `precompile_plan(items, device, options, compute_dtype)` with its partition items in
+lowering order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>), so the
+generated sources are the same and Triton's in-memory cache already holds every candidate the
+kernel's own build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs),
+fused groups (pointwise, row reductions, and the two launches of split column reductions), row +
+column pairs (both launches, when the pair is eligible for one pass), the generated epilogue of a
+convolution (fg_k{k}_conv_epilogue: the plain conv + epilogue candidate every fused library candidate
+is checked and timed against), a convolution's own Triton candidates (backends/triton_conv.warmup_jobs),
+the inner GEMM plan of a 1x1 convolution (conv_gemm_warmup_jobs) and the Triton attention kernels of
+attention nodes (each distinct launch of their candidate configs, backends/attention_kernel.
+attention_warmup_jobs); the rest (library plans, cuBLAS epilogues) compiles where it is built.
 Before those, the conv groups' fused cuDNN plans go to build worker processes (prefetch_library_plans).
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
@@ -51,6 +52,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     from ..fusion.epilogue import ConvGroup, MatmulGroup
     from ..fusion.partition import KernelGroup, RowColumnGroup
     from ..ir.node import Node
+    from . import triton_conv
     from .attention_kernel import attention_problem, attention_warmup_jobs
     from .matmul_kernel import gemm_warmup_jobs
 
@@ -63,6 +65,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
                 jobs += row_column_warmup_jobs(item, k, device, options, seen)
             elif isinstance(item, ConvGroup):
                 jobs += conv_gemm_warmup_jobs(item, k, device, compute_dtype, seen)
+                jobs += triton_conv.warmup_jobs(item.compute, device, bool(options.get("allow_tf32", False)), seen)
                 if item.epilogue_nodes:
                     jobs += fused_warmup_jobs(item.epilogue, k, device, options, seen=seen,
                                               name=f"fg_k{k}_conv_epilogue")

@@ -642,6 +642,29 @@ def autotuned(problem: ConvProblem, device: str, variant: str | None = None) -> 
     return TritonConv(problem, chosen), summary(result, len(candidates))
 
 
+def warmup_jobs(node: Node, device: str, allow_tf32: bool, seen: set[str]) -> list[Any]:
+    """The compile jobs `autotuned` would run for this convolution (every config it would time, the
+    remembered choice, or the first config when it would not time), for the plan's precompile batch
+    (backends/plan_precompile.py); [] when our conv does not apply or `seen` has this problem."""
+    from ..tune import Config
+    from ..tune.autotuner import cached_choice, untimed_reason
+    from .plan_precompile import first_time
+
+    if unsupported(node) is not None or not device.startswith("cuda") or not settings.use_triton:
+        return []
+    problem = problem_of(node, node.spec.memory_strides, allow_tf32)
+    if not first_time(f"{KERNEL_NAME} {problem.key(device)!r}", seen):
+        return []
+    candidates = [Config(c) for c in configs(problem)]
+    if len(candidates) > 1 and (not settings.autotune or untimed_reason(floor_ms(problem)) is not None):
+        candidates = candidates[:1]
+    elif len(candidates) > 1:
+        known = cached_choice(KERNEL_NAME, problem.key(device), candidates)
+        candidates = candidates if known is None else [known]
+    x, w, bias = example_operands(problem, device)
+    return [TritonConv(problem, _plain(c)).warmup_job(x, w, bias) for c in candidates]
+
+
 def _plain(config: Any) -> ConvConfig:
     """A tune.Config (or mapping) as a TritonConv config: VARIANT a str, every other knob an int."""
     return {k: str(v) if k == "VARIANT" else int(v) for k, v in config.items()}
