@@ -56,3 +56,18 @@ def test_clear_stale_then_by_name_then_all(cache: TuneCache, capsys):
 def test_cache_without_action_prints_help(cache: TuneCache, capsys):
     assert main(["cache"]) == 0
     assert "info" in capsys.readouterr().out
+
+
+def test_stored_cudnn_plans_are_counted_and_cleared_with_the_cache(cache: TuneCache, capsys):
+    from fusegraph.backends import cudnn_plans
+
+    key = {"schema": 1, "recipes": [], "gpu": GPU, "cudnn": "91900"}
+    assert cudnn_plans.store(key, 0, 2, b"\x01serialized plan") is not None
+    assert cudnn_plans.load(key) == (0, 2, b"\x01serialized plan")
+    assert main(["cache", "info", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["cudnn_plans"] == 1 and summary["cudnn_plan_bytes"] > 0
+    assert main(["cache", "clear", "--stale"]) == 0          # stale tuning entries only: the plan stays
+    assert len(cudnn_plans.stored()) == 1
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 cuDNN plan" in capsys.readouterr().out and cudnn_plans.stored() == []

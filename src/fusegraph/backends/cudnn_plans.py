@@ -188,10 +188,29 @@ def store_key(recipes: Sequence[ConvRecipe], gpu: dict[str, str], cudnn_version:
     return {"schema": STORE_SCHEMA, "recipes": [asdict(r) for r in recipes], "gpu": gpu, "cudnn": cudnn_version}
 
 
+def directory() -> Path:
+    return Path(settings.cache_dir).expanduser() / "cudnn_plans"
+
+
 def _path(key: dict[str, Any]) -> Path:
     text = json.dumps(key, sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    return Path(settings.cache_dir).expanduser() / "cudnn_plans" / f"{digest}.plan"
+    return directory() / f"{hashlib.sha256(text.encode()).hexdigest()}.plan"
+
+
+def stored() -> list[Path]:
+    """The stored plans (what `fusegraph cache info` counts and `fusegraph cache clear` removes)."""
+    folder = directory()
+    return sorted(folder.glob("*.plan")) if folder.is_dir() else []
+
+
+def clear() -> int:
+    """Remove every stored plan; returns how many."""
+    removed = 0
+    for path in stored():
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def load(key: dict[str, Any]) -> tuple[int, int, bytes] | None:

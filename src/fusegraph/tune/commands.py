@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=run_info)
 
-    clear = cache_sub.add_parser("clear", help="remove cached tuning choices")
+    clear = cache_sub.add_parser("clear", help="remove cached tuning choices (and the chosen cuDNN plans)")
     clear.add_argument("--stale", action="store_true",
                        help="remove only entries from other library versions and unreadable ones")
     clear.add_argument("--name", metavar="KERNEL", help="remove only the entries of this kernel")
@@ -29,9 +29,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cache_summary(cache: TuneCache) -> dict[str, Any]:
+    from ..backends import cudnn_plans
+
     found = list(cache.scan())
     per_kernel = Counter(f.name for f in found if f.name is not None)
+    plans = cudnn_plans.stored()
     return {
+        "cudnn_plans": len(plans),
+        "cudnn_plan_bytes": sum(p.stat().st_size for p in plans),
         "directory": str(cache.directory),
         "entries": len(found),
         "bytes": sum(f.size for f in found),
@@ -48,6 +53,8 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     print(f"cache directory: {summary['directory']}")
     print(f"entries: {summary['entries']} ({_size(summary['bytes'])})")
+    if summary["cudnn_plans"]:
+        print(f"cuDNN plans (chosen, serialized): {summary['cudnn_plans']} ({_size(summary['cudnn_plan_bytes'])})")
     if summary["stale"]:
         print(f"stale (other library versions): {summary['stale']}")
     if summary["corrupt"]:
@@ -61,11 +68,16 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
+    from ..backends import cudnn_plans
+
     cache = TuneCache()
     removed = cache.clear(stale_only=args.stale, name=args.name)
     what = "stale or unreadable " if args.stale else ""
     of = f" of kernel {args.name!r}" if args.name else ""
     print(f"removed {removed} {what}{'entry' if removed == 1 else 'entries'}{of} from {cache.directory}")
+    if not args.stale and not args.name:   # the chosen cuDNN plans are tuning results too
+        plans = cudnn_plans.clear()
+        print(f"removed {plans} cuDNN plan{'' if plans == 1 else 's'} from {cudnn_plans.directory()}")
     return 0
 
 
