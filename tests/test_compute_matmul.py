@@ -339,3 +339,42 @@ def test_gemv_covers_only_few_rows_of_a_weight_read_along_k() -> None:
     assert not gemv_covers(GemmGeometry((), 1, 4096, 4096, (4096, 1), (4096, 1), (), ()))   # W stored [K, N]
     assert not gemv_covers(GemmGeometry((8,), 1, 64, 64, (64, 1), (1, 64), (64,), (4096,)))
     assert gemv_configs(GemmGeometry((), 4, 4096, 4096, (4096, 1), (1, 4096), (), ()))[0]["BLOCK_N"] == 8
+
+
+def test_the_cublas_candidates_epilogue_kernel_precompiles_when_that_candidate_runs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """plan_precompile adds the generated epilogue kernel the cuBLAS candidate launches (fg_kK_matmul_
+    epilogue) exactly when the GEMM's build will run that candidate: timed (it is the baseline the
+    Triton candidates are checked against) or chosen; not when cuBLAS computes the epilogue itself,
+    when the cache says Triton, or with autotuning off."""
+    from fusegraph.backends import matmul_kernel, plan_precompile
+    from fusegraph.settings import override
+    from fusegraph.tune import clear_memo, keys, tune
+
+    monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "test GPU", "capability": "9.0"})
+    monkeypatch.setattr("fusegraph.tune.autotuner.launch_bound", lambda floor: False)   # the shape is timed
+    named: list[str] = []
+    monkeypatch.setattr(plan_precompile, "fused_warmup_jobs",
+                        lambda group, k, device, options, seen=None, name=None, **kw: named.append(str(name)) or [])
+    monkeypatch.setattr(matmul_kernel, "gemm_warmup_jobs", lambda *a, **kw: [])
+    relu, _ = _linear_group("float16", extra="relu")        # bias + relu: a second launch after cuBLAS
+    bias_only, _ = _linear_group("float16")                  # addmm computes it: no second launch
+    clear_memo()
+    with override(cache_dir=str(tmp_path), autotune=True):
+        assert matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cuda")
+        assert not matmul_kernel.cublas_epilogue_runs(bias_only, "fg_k0_matmul", "cuda")
+        assert not matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cpu")
+        plan_precompile.precompile_jobs([relu], "cuda", {}, "float32", set())
+        assert named == ["fg_k0_matmul_epilogue"]
+        gen, configs, runs = matmul_kernel.build_preview(relu, "fg_k0_matmul", "cuda")
+        assert gen is not None and len(configs) > 1 and runs
+        candidates = matmul_kernel._candidates(configs, gen)
+        key = matmul_kernel._tune_key(gen, "cuda", None)
+        triton_pick = next(c for c in candidates if c["backend"] == "triton")
+        tune("fg_k0_matmul", key, candidates, lambda c: 1.0 if c == triton_pick else 2.0)
+        clear_memo()
+        _, cached, runs = matmul_kernel.build_preview(relu, "fg_k0_matmul", "cuda")
+        assert not runs and cached == [{a: v for a, v in triton_pick.items() if a != "backend"}]
+    with override(autotune=False):
+        assert not matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cuda")
+    clear_memo()

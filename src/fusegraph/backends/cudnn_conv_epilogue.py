@@ -564,7 +564,9 @@ def _serialized_route(device: torch.device) -> bool:
     return device.type == "cuda" and bool(settings.autotune)
 
 
-# build-worker jobs submitted ahead of the conv kernels' builds (prefetch), by their recipe lists
+# build-worker jobs submitted ahead of the conv kernels' builds (prefetch), by their recipe lists;
+# a job not done after WORKER_TIMEOUT_S is abandoned and its plans built in-process
+WORKER_TIMEOUT_S = 300.0
 _PENDING: dict[tuple[plans.ConvRecipe, ...], Any] = {}
 
 
@@ -606,9 +608,9 @@ def _fetch(recipes: Sequence[plans.ConvRecipe], device: torch.device, name: str)
     future = _PENDING.pop(tuple(recipes), None)
     if future is not None:
         try:
-            built: plans.Built = future.result()
+            built: plans.Built = future.result(timeout=WORKER_TIMEOUT_S)
             return built
-        except Exception as err:  # the worker died or failed: build here
+        except Exception as err:  # the worker died, failed or hangs: build here
             fe.debug(name, f"build worker failed ({type(err).__name__}: {str(err)[:160]}); building in-process")
     return plans.build_serialized(recipes, MAX_PLANS, _device_index(device))
 

@@ -303,35 +303,56 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] 
     the first config when it is launch-bound or autotuning is off, the memo/disk-cached choice when
     there is one, else every kept config; [] when it has no Triton GEMM, or when `seen` already has
     its sources (the same GEMM in another layer)."""
-    from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
     from .plan_precompile import first_time
 
-    if gemm_supported(group) is not None or (device.startswith("cuda") and gemm_backend() == "cublas"):
-        return []
-    gen = generate_gemm(group, name)
-    if not first_time(gen.all_sources, seen):
-        return []
-    gemv = _gemv_rule(gen)
-    if gemv:
-        fn = load_triton_function(gen.source, name)
-        return GemmLaunch(fn, gen, gemv[0], device).warmup_jobs(_example_inputs(gen.inputs, device))
-    if device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
-        return []
-    configs = _gemm_candidates(gen, device, group)
-    shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
-                   outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
-    if not settings.autotune or launch_bound(floor_ms_of(shape)):
-        configs = [] if _exact_fp32(gen) else configs[:1]   # the untimed pick: cuBLAS for exact fp32
-    else:
-        own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
-        known = cached_choice(name, _tune_key(gen, device, own), _candidates(configs, gen))
-        if known is not None:
-            configs = [] if known["backend"] == "cublas" else [{a: v for a, v in known.items() if a != "backend"}]
-    if not configs:
+    gen, configs, _ = build_preview(group, name, device)
+    if gen is None or not first_time(gen.all_sources, seen) or not configs:
         return []
     fn = load_triton_function(gen.source, name)
     args = _example_inputs(gen.inputs, device)
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
+
+
+def build_preview(group: MatmulGroup, name: str,
+                  device: str) -> tuple[GeneratedGemm | None, list[dict[str, Any]], bool]:
+    """What matmul_group_kernel will compile and run for this GEMM, decided as it decides (without
+    timing anything): (the generated GEMM or None, the Triton configs it compiles, whether it runs
+    the cuBLAS candidate: chosen by rule or cache, or timed, when it is also the baseline every Triton
+    candidate is checked against)."""
+    from ..tune.autotuner import cached_choice, floor_ms_of, launch_bound
+
+    if gemm_supported(group) is not None or (device.startswith("cuda") and gemm_backend() == "cublas"):
+        return None, [], True
+    gen = generate_gemm(group, name)
+    gemv = _gemv_rule(gen)
+    if gemv:
+        return gen, gemv[:1], False
+    if device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
+        return gen, [], True
+    configs = _gemm_candidates(gen, device, group)
+    shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
+                   outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
+    floor = floor_ms_of(shape)
+    if not settings.autotune or launch_bound(floor):
+        if settings.autotune and _paired(floor) and gemm_backend() == "auto":   # first config against cuBLAS
+            return gen, configs[:1], True
+        exact = _exact_fp32(gen)   # the untimed pick: cuBLAS for exact fp32
+        return gen, [] if exact else configs[:1], exact
+    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
+    known = cached_choice(name, _tune_key(gen, device, own), _candidates(configs, gen))
+    if known is not None:
+        if known["backend"] == "cublas":
+            return gen, [], True
+        return gen, [{a: v for a, v in known.items() if a != "backend"}], False
+    return gen, configs, True
+
+
+def cublas_epilogue_runs(group: MatmulGroup, name: str, device: str) -> bool:
+    """Will the build run the cuBLAS candidate with the group's epilogue as a second launch, our
+    generated kernel named `{name}_epilogue` (compiled then, unless precompiled with the plan)?"""
+    if not group.epilogue_nodes or not device.startswith("cuda") or cublas.own_epilogue(group, device) is not None:
+        return False
+    return build_preview(group, name, device)[2]
 
 
 def gemm_backend() -> str:

@@ -3,14 +3,15 @@
 lower_fused calls `precompile_plan(items, device, options, compute_dtype)` with its partition items in
 lowering order; kernel k is named as lower_fused names it (fg_k{k}_matmul, fg_k{k}_<ops>), so the
 generated sources are the same and Triton's in-memory cache already holds every candidate the
-kernel's own build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs),
+kernel's own build then launches. Covered: MatmulGroups (backends/matmul_kernel.gemm_warmup_jobs, and
+the epilogue kernel its cuBLAS candidate launches when that candidate runs),
 fused groups (pointwise, row reductions, and the two launches of split column reductions), row +
 column pairs (both launches, when the pair is eligible for one pass), the generated epilogue of a
 convolution (fg_k{k}_conv_epilogue: the plain conv + epilogue candidate every fused library candidate
 is checked and timed against), a convolution's own Triton candidates (backends/triton_conv.warmup_jobs),
 the inner GEMM plan of a 1x1 convolution (conv_gemm_warmup_jobs) and the Triton attention kernels of
 attention nodes (each distinct launch of their candidate configs, backends/attention_kernel.
-attention_warmup_jobs); the rest (library plans, cuBLAS epilogues) compiles where it is built.
+attention_warmup_jobs); the rest (library plans) is built where its kernel is built.
 Before those, the conv groups' fused cuDNN plans go to build worker processes (prefetch_library_plans).
 Never raises: a failure here shows again, with its message, where the kernel is built.
 """
@@ -54,28 +55,35 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     from ..ir.node import Node
     from . import triton_conv
     from .attention_kernel import attention_problem, attention_warmup_jobs
-    from .matmul_kernel import gemm_warmup_jobs
+    from .matmul_kernel import cublas_epilogue_runs, gemm_warmup_jobs
 
     jobs: list[Any] = []
-    for k, item in enumerate(items):
+
+    def add(k: int, collect: Any, *args: Any, **kwargs: Any) -> None:
+        """jobs += collect(...); a collector that fails costs only its own jobs (the kernel's build reports it)."""
         try:
-            if isinstance(item, MatmulGroup):
-                jobs += gemm_warmup_jobs(item, f"fg_k{k}_matmul", device, seen)
-            elif isinstance(item, RowColumnGroup):
-                jobs += row_column_warmup_jobs(item, k, device, options, seen)
-            elif isinstance(item, ConvGroup):
-                jobs += conv_gemm_warmup_jobs(item, k, device, compute_dtype, seen)
-                jobs += triton_conv.warmup_jobs(item.compute, device, bool(options.get("allow_tf32", False)), seen)
-                if item.epilogue_nodes:
-                    jobs += fused_warmup_jobs(item.epilogue, k, device, options, seen=seen,
-                                              name=f"fg_k{k}_conv_epilogue")
-            elif isinstance(item, KernelGroup):
-                jobs += fused_warmup_jobs(item, k, device, options, seen=seen)
-            elif isinstance(item, Node) and item.op in ATTENTION_OPS and \
-                    first_time(f"{item.op} {attention_problem(item)!r} {sorted(item.attrs.items())!r}", seen):
-                jobs += attention_warmup_jobs(item, device)
-        except Exception as err:  # the kernel's own build reports it
-            log.debug("kernel %d not precompiled: %s: %s", k, type(err).__name__, err)
+            jobs.extend(collect(*args, **kwargs))
+        except Exception as err:
+            log.debug("kernel %d not (wholly) precompiled: %s: %s", k, type(err).__name__, err)
+
+    for k, item in enumerate(items):
+        if isinstance(item, MatmulGroup):
+            name = f"fg_k{k}_matmul"
+            add(k, gemm_warmup_jobs, item, name, device, seen)
+            add(k, lambda: fused_warmup_jobs(item.epilogue, k, device, options, seen=seen, name=f"{name}_epilogue")
+                if cublas_epilogue_runs(item, name, device) else [])   # the cuBLAS candidate's second launch
+        elif isinstance(item, RowColumnGroup):
+            add(k, row_column_warmup_jobs, item, k, device, options, seen)
+        elif isinstance(item, ConvGroup):
+            add(k, conv_gemm_warmup_jobs, item, k, device, compute_dtype, seen)
+            add(k, triton_conv.warmup_jobs, item.compute, device, bool(options.get("allow_tf32", False)), seen)
+            if item.epilogue_nodes:
+                add(k, fused_warmup_jobs, item.epilogue, k, device, options, seen=seen, name=f"fg_k{k}_conv_epilogue")
+        elif isinstance(item, KernelGroup):
+            add(k, fused_warmup_jobs, item, k, device, options, seen=seen)
+        elif isinstance(item, Node) and item.op in ATTENTION_OPS:
+            add(k, lambda: attention_warmup_jobs(item, device) if first_time(
+                f"{item.op} {attention_problem(item)!r} {sorted(item.attrs.items())!r}", seen) else [])
     return jobs
 
 
