@@ -1,4 +1,4 @@
-"""frontends/torch_backend.direct_inference (setting direct_inference, off by default): an inference
+"""frontends/torch_backend.direct_inference (setting direct_inference, on by default): an inference
 graph's compiled function handed to Dynamo without AOTAutograd's runtime wrapper, only where that
 wrapper would do nothing but switch grad mode and autocast around it."""
 
