@@ -673,28 +673,36 @@ def _fastest(graphs: dict[int, Any], cudnn: Any, handle: Any, bindings: dict[Any
     device = next(iter(bindings.values())).device
 
     def bench(config: Config) -> float:
-        graph = graphs[int(config["plan"])]
-        workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
-
-        def run() -> None:
-            if device.type == "cuda":   # plan_device_ms captures on a side stream
-                cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
-            graph.execute(bindings, workspace, handle=handle)
-
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return plan_device_ms(run, device)
+        return _time_selected(graphs[int(config["plan"])], cudnn, handle, bindings, device)
 
     result = tune(f"{name}_cudnn_plan", key, [Config(plan=i) for i in sorted(graphs)], bench)
     if device.type == "cuda":
         cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+    _report_choice(name, int(result.config["plan"]), result)
+    return int(result.config["plan"])
+
+
+def _time_selected(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, torch.Tensor],
+                   device: torch.device) -> float:
+    """plan_device_ms of the graph's selected plan on `bindings`, with its own workspace."""
+    workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
+
+    def run() -> None:
+        if device.type == "cuda":   # plan_device_ms captures on a side stream
+            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+        graph.execute(bindings, workspace, handle=handle)
+
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return plan_device_ms(run, device)
+
+
+def _report_choice(name: str, best: int, result: Any) -> None:
     if settings.debug >= 1:
         timed = ", ".join(f"{t.config['plan']}: {t.ms:.3f}" if t.ms is not None else f"{t.config['plan']}: failed"
                           for t in result.timings)
-        print(f"[fusegraph] {name}: cuDNN fused conv plan {result.config['plan']} ({result.source}; "
-              f"timed ms: {timed or '-'})")
-    return int(result.config["plan"])
+        print(f"[fusegraph] {name}: cuDNN fused conv plan {best} ({result.source}; timed ms: {timed or '-'})")
 
 
 def _cudnn_version(cudnn: Any) -> str:
@@ -786,17 +794,7 @@ def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, t
 
     def bench(config: Config) -> float:
         graph.build_plan_at_index(int(config["plan"]))
-        workspace = torch.empty(max(int(graph.get_workspace_size()), 1), device=device, dtype=torch.uint8)
-
-        def run() -> None:
-            if device.type == "cuda":   # plan_device_ms captures on a side stream
-                cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
-            graph.execute(bindings, workspace, handle=handle)
-
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return plan_device_ms(run, device)
+        return _time_selected(graph, cudnn, handle, bindings, device)
 
     try:
         result = tune(f"{name}_cudnn_plan", {**key, "plans": count}, [Config(plan=i) for i in range(count)], bench)
@@ -809,7 +807,4 @@ def pick_fastest_plan(graph: Any, cudnn: Any, handle: Any, bindings: dict[Any, t
                        "heuristics' first plan kept")
         graph.build_plans()
         return
-    if settings.debug >= 1:
-        timed = ", ".join(f"{t.config['plan']}: {t.ms:.3f}" if t.ms is not None else f"{t.config['plan']}: failed"
-                          for t in result.timings)
-        print(f"[fusegraph] {name}: cuDNN fused conv plan {best} ({result.source}; timed ms: {timed or '-'})")
+    _report_choice(name, best, result)

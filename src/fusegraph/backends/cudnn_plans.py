@@ -23,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 from ..ir.spec import strides_for_order
 from ..settings import settings
-from ..tune.cache import CacheWarning
+from ..tune.cache import CacheWarning, write_atomically
 from . import cudnn_frontend as fe
 
 NHWC = (0, 2, 3, 1)
@@ -245,24 +243,12 @@ def forget(key: dict[str, Any], why: str) -> None:
 
 
 def store(key: dict[str, Any], recipe: int, plan: int, blob: bytes) -> Path | None:
-    """Write the chosen plan atomically (temp file, fsync, rename); None with a warning on failure."""
+    """Write the chosen plan atomically (tune.cache.write_atomically); None with a warning on failure."""
     path = _path(key)
     header = json.dumps({"key": key, "recipe": recipe, "plan": plan}, sort_keys=True).encode()
-    tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="." + path.stem + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(header + b"\n" + blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomically(path, header + b"\n" + blob)
     except OSError as err:
         warnings.warn(f"cannot write cuDNN plan {path}: {err}", CacheWarning, stacklevel=2)
         return None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return path

@@ -122,24 +122,11 @@ class TuneCache:
             "created": entry.created,
         }
         text = json.dumps(data, sort_keys=True, indent=1, allow_nan=False) + "\n"
-        tmp: str | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="." + path.stem + ".", suffix=TEMP_SUFFIX, dir=self.directory)
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            tmp = None
-            _fsync_directory(self.directory)
+            write_atomically(path, text.encode("ascii"))
         except OSError as err:
             warnings.warn(f"cannot write tuning cache entry {path}: {err}", CacheWarning, stacklevel=2)
             return None
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
         return path
 
     def entry_paths(self) -> list[Path]:
@@ -190,6 +177,26 @@ class TuneCache:
                 with contextlib.suppress(OSError):
                     if now - p.stat().st_mtime > ABANDONED_TEMP_AGE_S:
                         p.unlink()
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file in
+    the same folder, fsynced, renamed over it, the folder fsynced (OSError when the disk refuses)."""
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="." + path.stem + ".", suffix=TEMP_SUFFIX, dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_directory(path.parent)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _parse_entry(raw: bytes, expected_key: Any) -> CacheEntry:
