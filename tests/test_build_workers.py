@@ -77,3 +77,22 @@ def test_pool_size_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     with override(build_workers=-1):
         assert build_workers.auto_size() == build_workers.MAX_AUTO_WORKERS
+
+
+def test_workers_that_keep_dying_disable_the_pool_and_fail_what_is_queued() -> None:
+    """A worker that cannot run (here: each one exits at once) must not respawn forever, and queued
+    jobs must not wait for a worker that will never come: after MAX_FAILURES deaths in a row every job
+    fails at once (its caller builds in-process)."""
+    pool = build_workers.WorkerPool(1)
+    try:
+        futures = [pool.submit("os:_exit", 5) for _ in range(build_workers.MAX_FAILURES + 2)]
+        for f in futures:
+            with pytest.raises(build_workers.WorkerError):
+                f.result(timeout=120)
+        assert pool.failures == build_workers.MAX_FAILURES and not pool.workers
+        start = time.monotonic()
+        with pytest.raises(build_workers.WorkerError, match="disabled"):
+            pool.submit("math:factorial", 3).result(timeout=5)
+        assert time.monotonic() - start < 1.0 and not pool.workers      # no worker started for it
+    finally:
+        pool.shutdown()

@@ -13,7 +13,8 @@ re-imported; they get the parent's sys.path as PYTHONPATH. Jobs name a module-le
 "module:function"; arguments and results travel pickled over the worker's stdin and stdout (a
 length-prefixed frame each; the worker points its own fd 1 at stderr, so library prints cannot
 corrupt the channel). A worker that dies fails its job with WorkerError and is not reused; the pool
-starts a replacement for the next job. Idle workers exit after `IDLE_S` (each may hold a CUDA
+starts a replacement for the next job, until MAX_FAILURES die in a row: then every job fails at once
+(its caller builds in-process). Idle workers exit after `IDLE_S` (each may hold a CUDA
 context) and at interpreter exit. settings.build_workers sets the pool size (0: no pool, callers
 build in-process).
 """
@@ -36,6 +37,7 @@ from ..settings import settings
 
 IDLE_S = 30.0          # a worker with nothing to do for this long exits
 MAX_AUTO_WORKERS = 8
+MAX_FAILURES = 3       # workers dying this many times in a row (no job answered between) disable the pool
 _HEADER = struct.Struct("<Q")
 
 
@@ -107,9 +109,11 @@ class _Worker:
                     _write_frame(proc.stdin, (job.function, job.args))
                     ok, value = _read_frame(proc.stdout)
                 except Exception as err:  # the worker died or the frame did not parse
+                    self.pool.failures += 1
                     job.future.set_exception(WorkerError(f"build worker (pid {proc.pid}) failed: "
                                                          f"{type(err).__name__}: {err}"))
                     break
+                self.pool.failures = 0
                 if ok:
                     job.future.set_result(value)
                 else:
@@ -136,9 +140,13 @@ class WorkerPool:
         self.jobs: queue.Queue[_Job | None] = queue.Queue()
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
+        self.failures = 0     # workers that died in a row; MAX_FAILURES of them disable the pool
 
     def submit(self, function: str, *args: Any) -> Future[Any]:
         job = _Job(function, args)
+        if self.failures >= MAX_FAILURES:   # workers cannot run here (no usable interpreter, no GPU, ...)
+            job.future.set_exception(WorkerError(f"build workers disabled: {self.failures} died in a row"))
+            return job.future
         with self.lock:
             self.jobs.put(job)
             busy = len(self.workers)
@@ -150,10 +158,18 @@ class WorkerPool:
         with self.lock:
             if worker in self.workers:
                 self.workers.remove(worker)
-            restart = not self.workers and not self.jobs.empty()
-        if restart:   # jobs left behind by a dead worker still get one
-            with self.lock:
+            if self.workers or self.jobs.empty():
+                return
+            if self.failures < MAX_FAILURES:   # jobs left behind by a dead worker still get one
                 self.workers.append(_Worker(self))
+                return
+            while True:   # disabled: nobody will run what is queued, so it fails now
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None and job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(WorkerError(f"build workers disabled: {self.failures} died in a row"))
 
     def shutdown(self) -> None:
         with self.lock:
