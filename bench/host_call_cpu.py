@@ -2,7 +2,7 @@
 costs per call, apart from the kernels (which run through the torch reference here).
 
 A small MLP (two 8x8 linear layers and a GELU, batch 2) compiled with fg.compile four ways: handed to
-Dynamo without AOTAutograd's runtime wrapper (setting `direct_inference`, off by default), then through it:
+Dynamo without AOTAutograd's runtime wrapper (setting `direct_inference`, on by default), then through it:
 the partitioned graph called as a plain function (`direct_call`) with each partition's generated glue
 (torch_partition.CompiledPartition._compile_glue), the plain function without the generated glue, and
 neither (the FX GraphModule and the interpreted glue); timed in alternation: per round, 3000 calls each,

@@ -122,3 +122,28 @@ def test_gc_is_paused_during_a_build_and_restored(monkeypatch):
         assert not gc.isenabled()                       # a caller's own gc.disable() is left alone
     finally:
         gc.enable()
+
+
+def test_a_nested_build_records_no_stages_of_its_own():
+    """An inner plan built while a kernel is built (conv as GEMM): its stage marks and kernels are not
+    the outer build's; its time, sub-stages and compiles go to the outer kernel being built."""
+    with profile_build("outer", enabled=True) as profile:
+        assert profile is not None
+        mark("verify")
+        with profile_build("inner", enabled=True) as inner:
+            assert inner is None
+            mark("verify")
+            mark("passes")
+            kernels_built([SimpleNamespace(name="fg_k0_matmul", tuning={})], 0)
+            with stage("parallel compile"):
+                time.sleep(0.01)
+        kernels_built([SimpleNamespace(name="fg_k3_conv", tuning={})], 0)
+        mark("plan (memory plan, guards)")
+    assert [(r.name, r.kernels) for r in profile.records] == [
+        ("verify", ()), ("kernel", ("fg_k3_conv",)), ("plan (memory plan, guards)", ())]
+    conv = profile.records[1]
+    assert [s.name for s in conv.subs] == ["parallel compile"] and conv.seconds >= 0.01
+    with profile_build("next", enabled=True) as again:   # the nesting count went back to zero
+        assert again is not None
+        mark("verify")
+    assert [r.name for r in again.records] == ["verify"]

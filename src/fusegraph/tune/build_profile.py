@@ -135,6 +135,7 @@ def _extras(records: Sequence[StageRecord]) -> str:
 # ---- the active profile ------------------------------------------------------------------------
 
 _active: BuildProfile | None = None
+_nested = 0   # builds running inside the profiled one: their stage marks are not the outer build's
 _active_lock = threading.Lock()
 
 
@@ -145,9 +146,21 @@ def active() -> BuildProfile | None:
 @contextlib.contextmanager
 def profile_build(name: str, enabled: bool | None = None) -> Iterator[BuildProfile | None]:
     """Profile the build inside (settings.profile_build unless `enabled` says otherwise); the
-    outermost build owns the profile (a nested one yields None; its marks still go to the outer one)."""
-    global _active
-    if not (settings.profile_build if enabled is None else enabled) or _active is not None:
+    outermost build owns the profile. A nested build (an inner plan built while a kernel is built)
+    yields None and records no stages of its own: its time, sub-stages and Triton compiles belong to
+    the outer build's kernel being built (before, its marks split that kernel's time under stage names
+    like "verify" and "passes")."""
+    global _active, _nested
+    if _active is not None:   # a build inside a build (an inner plan): its time is the enclosing kernel's
+        with _active_lock:
+            _nested += 1
+        try:
+            yield None
+        finally:
+            with _active_lock:
+                _nested -= 1
+        return
+    if not (settings.profile_build if enabled is None else enabled):
         yield None
         return
     profile = BuildProfile(name)
@@ -168,13 +181,13 @@ def profile_build(name: str, enabled: bool | None = None) -> Iterator[BuildProfi
 
 def mark(name: str) -> None:
     """Close a top-level stage: the time since the previous mark is `name`'s."""
-    if _active is not None:
+    if _active is not None and not _nested:
         _active.mark(name)
 
 
 def kernels_built(kernels: Sequence[Any], since: int) -> None:
     """The time since the previous mark built kernels[since:] (one iteration of lowering)."""
-    if _active is None:
+    if _active is None or _nested:
         return
     for k in kernels[since:]:
         tuning = getattr(k, "tuning", None) or {}
