@@ -576,3 +576,26 @@ def test_recipes_pickle_and_name_the_graph_they_describe() -> None:
     assert direct.roles() == ("x", "w", "scale", "shift", "residual", "rscale", "y")
     assert direct.residual_scaled and not direct.rescale_after
     assert rescaled.rescale_after and not rescaled.residual_scaled and rescaled.scale and rescaled.shift
+
+
+@pytest.mark.usefixtures("serialized_route")
+def test_a_worker_that_built_nothing_is_checked_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose environment has no usable cuDNN (its answer: no recipe built) must not drop the
+    candidate: the plans are built in-process, where cuDNN works."""
+    from concurrent.futures import Future
+
+    from fusegraph.backends import build_workers
+    from fusegraph.backends.conv_kernel import prefetch_library_plans
+
+    class Broken:
+        def submit(self, function: str, *args: Any) -> Future[Any]:
+            done: Future[Any] = Future()
+            done.set_result(cce.plans.Built(None, failures=["package nvidia-cudnn-frontend not importable"]))
+            return done
+
+    monkeypatch.setattr(build_workers, "pool", lambda: Broken())
+    groups, _ = _groups(ConvBN("add"))
+    assert prefetch_library_plans(_main(groups), "cuda:0")
+    launch, group = _build_main()
+    assert sorted(_Graph.plans_built) == [0, 1, 2] and launch.plan.graph.selected == 1
+    _check_against_plain(launch, group, "built in-process after the worker built nothing")

@@ -609,7 +609,10 @@ def _fetch(recipes: Sequence[plans.ConvRecipe], device: torch.device, name: str)
     if future is not None:
         try:
             built: plans.Built = future.result(timeout=WORKER_TIMEOUT_S)
-            return built
+            if built.recipe is not None:
+                return built
+            # nothing built there: confirmed here, so a worker's own environment never drops the candidate
+            fe.debug(name, f"the build worker built no plan ({'; '.join(built.failures)[:200]}); trying in-process")
         except Exception as err:  # the worker died, failed or hangs: build here
             fe.debug(name, f"build worker failed ({type(err).__name__}: {str(err)[:160]}); building in-process")
     return plans.build_serialized(recipes, MAX_PLANS, _device_index(device))
