@@ -6,6 +6,7 @@ torch.compile (Inductor, default mode) and fusegraph (torch.compile backend), in
     python bench/zoo.py --dtypes bfloat16 --no-warm --part k/4 --budget-s 520
     python bench/zoo.py --dtypes float32 --no-warm --part k/4 --budget-s 520
     python bench/zoo.py --only tv_resnet50 hf_gpt2 --dtypes bfloat16          # with the warm recompiles
+    python bench/zoo.py --dtypes bfloat16 --warm process --part k/4  # warm = a new process on the same caches
     python bench/zoo.py --only tv_resnet50 hf_gpt2 --dtypes bfloat16 --quick
     python bench/zoo.py --train                             # GPT-2-124M and ResNet-50 training steps (zoo_train.py)
     TRITON_INTERPRET=1 python bench/zoo.py --cpu-smoke      # tiny configs on CPU, float32, no Inductor
@@ -23,7 +24,8 @@ Per model and dtype (GPU: float32 with TF32 off on both sides, and bfloat16):
   per-call latency = events around one call, median of 20 (BENCHMARKS.md protocol);
 - compile time: cold = first call of a fresh compile in this process (empty Inductor/Triton caches only if
   the machine is fresh); warm = the same model compiled again in-process after torch._dynamo.reset() (the
-  on-disk tuning cache and Triton's kernel cache are warm);
+  on-disk tuning cache and Triton's kernel cache are warm), or with --warm process its first call in a
+  new process on the same caches (what a user's second run pays; one process per implementation);
 - peak memory (inference, no_grad): max_memory_allocated over one call minus what was allocated before it
   (weights and inputs), for eager, Inductor and fusegraph;
 - fallbacks: ops fusegraph left to torch (names, with why) and the count of eager ATen op instances.
@@ -221,7 +223,7 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
                                         if issubclass(w.category, FallbackWarning)]
             measure(row, "fusegraph", lambda: compiled(*inputs), baseline, dev, args.quick)
             compiled = None  # free its Plans before the warm recompile
-            if not args.no_warm:
+            if not args.no_warm and args.warm == "inprocess":
                 torch._dynamo.reset()
                 again = fg.compile(model)
                 row["fusegraph_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
@@ -235,7 +237,7 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
             del got
             measure(row, "inductor", lambda: by_inductor(*inputs), baseline, dev, args.quick)
             by_inductor = None
-            if not args.no_warm:
+            if not args.no_warm and args.warm == "inprocess":
                 torch._dynamo.reset()
                 again = torch.compile(model)
                 row["inductor_compile_warm_s"], _ = first_call_s(lambda: again(*inputs), dev)
@@ -243,7 +245,47 @@ def run_model(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace) -> dict
             row["speedup_vs_inductor"] = row["inductor_ms"] / row["fusegraph_ms"]
         row["speedup_vs_eager"] = row["eager_ms"] / row["fusegraph_ms"]
     torch._dynamo.reset()
+    if not args.no_warm and args.warm == "process":
+        for impl in ("fusegraph",) + (() if args.no_inductor else ("inductor",)):
+            row[f"{impl}_compile_warm_s"] = warm_in_new_process(m, dtype, args, impl)
     return row
+
+
+def warm_in_new_process(m: ZooModel, dtype: torch.dtype, args: argparse.Namespace, impl: str) -> float | str:
+    """The first call's seconds of `impl` compiling the same model in a new process on this process's
+    caches (what a user's second run pays), or why it could not be measured."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--warm-child", impl, "--only", m.name,
+           "--dtypes", str(dtype).replace("torch.", ""), "--lowering", args.lowering]
+    cmd += ["--cpu-smoke"] * bool(args.cpu_smoke) + ["--quick"] * bool(args.quick)
+    cmd += ["--batch", str(args.batch)] if args.batch else []
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "timed out (600 s)"
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return f"failed (rc {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}"[:300]
+    return float(json.loads(lines[-1])["first_call_s"])
+
+
+def warm_child(args: argparse.Namespace) -> int:
+    """--warm-child IMPL: build the one model of --only as run_model does, compile it with IMPL, print
+    the first call's seconds as JSON (run by warm_in_new_process)."""
+    (m,) = select(args)
+    dtype = getattr(torch, (args.dtypes or ["float32"])[0])
+    dev = "cpu" if args.cpu_smoke else "cuda"
+    size = "tiny" if args.cpu_smoke else "full"
+    batch = args.batch or (None if not args.quick else max(1, m.batch // 4))
+    model = m.build(size).eval().to(dev).to(dtype)
+    ex = m.example(batch, torch.float32, dev, size)
+    inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in ex.inputs)
+    compiled = fg.compile(model) if args.warm_child == "fusegraph" else torch.compile(model)
+    with torch.no_grad(), lowering(args.lowering):
+        seconds, _ = first_call_s(lambda: compiled(*inputs), dev)
+    print(json.dumps({"impl": args.warm_child, "model": m.name, "first_call_s": seconds}))
+    return 0
 
 
 def versions() -> dict[str, Any]:
@@ -345,6 +387,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop before starting a model that would not finish within this many seconds")
     p.add_argument("--no-inductor", action="store_true", help="skip torch.compile (Inductor)")
     p.add_argument("--no-warm", action="store_true", help="skip the warm recompiles")
+    p.add_argument("--warm", choices=("inprocess", "process"), default="inprocess",
+                   help="warm compile: the model compiled again in this process after torch._dynamo.reset(), or "
+                        "in a new process on the same caches (a user's second run)")
+    p.add_argument("--warm-child", default=None, help=argparse.SUPPRESS)   # fusegraph | inductor (--warm process)
     p.add_argument("--inductor", action="store_true",
                    help="with --cpu-smoke: also Inductor and the warm recompiles (checks the whole script on CPU)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny configs on CPU, float32, no Inductor")
@@ -400,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.minilm:
         from zoo_minilm import main as minilm_main
         return minilm_main()
+    if args.warm_child:
+        return warm_child(args)
     if args.cpu_smoke and not args.inductor:
-        args.no_inductor, args.no_warm = True, True
+        args.no_inductor, args.no_warm = True, args.warm != "process"
     if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit("no GPU: use --cpu-smoke (tiny configs on CPU)")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -454,8 +502,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     info = versions()
     header = (f"## zoo {tag}: {' '.join(sys.argv[1:])}\n\n" + ", ".join(f"{k} {v}" for k, v in info.items()) +
-              ("; lowering " + args.lowering if args.cpu_smoke else "; TF32 off; warm compile = in-process recompile "
-               "after torch._dynamo.reset()"))
+              ("; lowering " + args.lowering if args.cpu_smoke else "; TF32 off") +
+              ("; warm compile = the first call in a new process on the same caches" if args.warm == "process"
+               else "; warm compile = in-process recompile after torch._dynamo.reset()"))
     results.finish(header)
     return 0 if all(r.get("ok") or "skipped" in r for r in rows) else 1
 

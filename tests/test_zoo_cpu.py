@@ -123,3 +123,15 @@ def test_a_lost_cuda_context_restarts_the_rows_left_in_a_fresh_process(tmp_path,
     assert [r["model"] for r in resumed.rows] == ["a", "b"]
     args = zoo.parse_args(["--resume", first.stem, "--todo", "tv_resnet18/float32"])
     assert args.todo == ["tv_resnet18/float32"] and args.resume == first.stem
+
+
+def test_warm_compile_in_a_new_process_is_measured():
+    """bench/zoo.py --warm process: the model compiled again in a child process on the same caches
+    (what a user's second run pays), its first call's seconds coming back as a number."""
+    import argparse
+
+    zoo = pytest.importorskip("zoo")
+    m = _needs("tv_resnet18")
+    args = argparse.Namespace(lowering="reference", cpu_smoke=True, quick=False, batch=2)
+    seconds = zoo.warm_in_new_process(m, torch.float32, args, "fusegraph")
+    assert isinstance(seconds, float) and 0.0 < seconds < 120.0, seconds
