@@ -241,43 +241,54 @@ def cudnn_fused_relu(group: ConvGroup, device: str) -> Any:
 
 
 def _choose(kernel: Kernel, group: ConvGroup, plain: Any, library: dict[str, Any], device: str) -> str | None:
-    """Autotune the library candidates against conv + our epilogue; each must first agree with it
-    (one that fails or differs is dropped, with the reason under FUSEGRAPH_DEBUG). The cuDNN kinds are
-    library calls, nothing to compile, so no launch-bound shortcut; ours (triton_conv*) compile and
-    tune their tile config at their first call, the agreement check. The winner's name, or None for
-    conv + epilogue. Recorded in kernel.tuning."""
+    """Autotune the library candidates against conv + our epilogue. Each is checked against it on its
+    first call, inside its timing: one that fails or differs is a failed candidate (the reason under
+    FUSEGRAPH_DEBUG) and never chosen. A choice the autotuner remembers (this process's memo, the disk
+    cache: the same shapes and epilogue, timed and checked then) is taken without running anything:
+    a repeated block, or a warm compile, builds no losing candidate (a conv-as-GEMM inner plan is built
+    at its first call). The cuDNN kinds are library calls, nothing to compile, so no launch-bound
+    shortcut; ours (triton_conv*) compile and tune their tile config at their first call. The winner's
+    name, or None for conv + epilogue. Recorded in kernel.tuning."""
     from ..lower import _example_inputs
     from ..tune import Config, bench_ms, tune
     from ..tune.autotuner import summary
     from .matmul_kernel import check_same
 
     name = kernel.name
-    args = _example_inputs(group.inputs, device)
-    # per-channel inputs (BN statistics) positive: a negative variance gives NaN channels, whose relu
-    # differs by library
-    for fn in library.values():
-        if isinstance(fn, (cudnn_conv_epilogue.FusedConvLaunch, triton_conv.FusedGroupLaunch, conv_gemm.ConvAsGemm)):
-            for k in fn.leaf_at:
-                args[k] = args[k].abs() + 0.5
-    launches = {"conv+epilogue": plain}
-    for label, fn in library.items():
-        try:
-            check_same(fn(args), plain(args), f"{name} {label}")
-        except Exception as err:  # not supported for this dtype/layout, or different results
-            if settings.debug >= 1:
-                print(f"[fusegraph] {name}: {label} not used: {type(err).__name__}: {str(err)[:200]}")
-            continue
-        launches[label] = fn
-    if len(launches) == 1:
-        return None
+    launches = {"conv+epilogue": plain, **library}
+    made: list[list[torch.Tensor]] = []     # the example inputs and the plain result, made on first need
+
+    def example() -> list[torch.Tensor]:
+        if not made:
+            args = _example_inputs(group.inputs, device)
+            # per-channel inputs (BN statistics) positive: a negative variance gives NaN channels, whose
+            # relu differs by library
+            for fn in library.values():
+                if isinstance(fn, (cudnn_conv_epilogue.FusedConvLaunch, triton_conv.FusedGroupLaunch,
+                                   conv_gemm.ConvAsGemm)):
+                    for k in fn.leaf_at:
+                        args[k] = args[k].abs() + 0.5
+            made.extend([args, plain(args)])
+        return made[0]
 
     def bench(config: Config) -> float:
-        launch = launches[str(config["candidate"])]
+        label = str(config["candidate"])
+        launch, args = launches[label], example()
+        if label != "conv+epilogue":
+            try:
+                check_same(launch(args), made[1], f"{name} {label}")
+            except Exception as err:  # not supported for this dtype/layout, or different results
+                if settings.debug >= 1:
+                    print(f"[fusegraph] {name}: {label} not used: {type(err).__name__}: {str(err)[:200]}")
+                raise
         return bench_ms(lambda: launch(args))
 
     key = {"conv": repr(group.compute.attrs), "shapes": [str(n.spec) for n in group.inputs],
            "epilogue": [n.op for n in group.epilogue_nodes], "torch": torch.__version__}
     result = tune(name, key, [Config(candidate=c) for c in launches], bench)
     kernel.tuning = summary(result, len(launches))
+    failed = [f"{t.config['candidate']}: {str(t.error)[:160]}" for t in result.timings if t.ms is None]
+    if failed:
+        kernel.tuning["failed"] = failed
     chosen = str(result.config["candidate"])
     return None if chosen == "conv+epilogue" else chosen
