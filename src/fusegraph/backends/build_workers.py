@@ -149,8 +149,7 @@ class WorkerPool:
             return job.future
         with self.lock:
             self.jobs.put(job)
-            busy = len(self.workers)
-            if busy < self.size and self.jobs.qsize() > 0:
+            if len(self.workers) < self.size:
                 self.workers.append(_Worker(self))
         return job.future
 

@@ -116,6 +116,15 @@ class ConvAsGemm:
             plain = triton_conv.ConvGroupLaunch(problem, self.conv_at, None, [], device, name)
             self.fused = triton_conv.FusedGroupLaunch(epi, plain, positions, out_strides, compute_dtype, device)
         self.plan: Any = None
+        self._inner: tuple[Any, list[str]] | None = None
+        self.roles: list[str] = []
+
+    def inner_graph(self) -> tuple[Any, list[str]]:
+        """The inner graph and the order of its inputs by role (self.roles), made once."""
+        if self._inner is None:
+            self._inner = self._graph()
+            self.roles = self._inner[1]
+        return self._inner
 
     def _graph(self) -> tuple[Any, list[str]]:
         """The inner graph and the order of its inputs by role."""
@@ -163,7 +172,7 @@ class ConvAsGemm:
         (ResNet-50's repeated blocks build each once; a plan without a CUDA graph returns fresh
         outputs, so sharing it is safe)."""
         if self.plan is None:
-            g, self.roles = self._graph()
+            g, _ = self.inner_graph()
             key = self.plan_key()
             self.plan = _PLANS.get(key)
             if self.plan is None:
@@ -174,8 +183,8 @@ class ConvAsGemm:
 
     def plan_key(self) -> tuple[Any, ...]:
         """What the inner plan computes (the GEMM, its epilogue form, dtypes, device): plans are shared by it."""
-        roles = tuple(self._graph()[1]) if not hasattr(self, "roles") else tuple(self.roles)
-        return (self.m, self.c_in, self.c_out, self.node.dtype, roles, self.compute_dtype, self.device,
+        return (self.m, self.c_in, self.c_out, self.node.dtype, tuple(self.inner_graph()[1]), self.compute_dtype,
+                self.device,
                 None if self.fused is None else (self.fused.form, self.fused.epi.residual is not None
                                                   and self.fused.epi.residual.dtype),
                 len(self.conv_at) == 3 and self.node.inputs[2].dtype)

@@ -352,13 +352,6 @@ def recipes_for(epi: ConvEpilogue) -> list[plans.ConvRecipe]:
     return [recipe_of(epi, mode, vd) for vd in ("float32", epi.conv.dtype) for mode in forms]
 
 
-def build_graph(cudnn: Any, handle: Any, epi: ConvEpilogue, mode: str,
-                vector_dtype: str = "float32") -> tuple[Any, dict[str, Any]]:
-    """The frontend graph (not built) of `epi` in that form, and its tensors by role: x, w, scale,
-    shift, residual, rscale, y."""
-    return plans.graph_from_recipe(cudnn, handle, recipe_of(epi, mode, vector_dtype))
-
-
 def _same_unchanged(t: torch.Tensor, held: torch.Tensor, version: int) -> bool:
     """Is `t` the memory of `held` (held alive by the cache, so no other tensor can be allocated
     there: the same tensor, or an alias such as t.detach(), which shares its version counter), not

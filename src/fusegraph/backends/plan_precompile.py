@@ -102,7 +102,7 @@ def conv_gemm_warmup_jobs(group: Any, k: int, device: str, compute_dtype: str, s
         if launch is None or launch.plan_key() in conv_gemm._PLANS or \
                 not first_time(f"conv as GEMM {launch.plan_key()!r}", seen):   # built, or another group's twin
             return []
-        graph, _ = launch._graph()
+        graph, _ = launch.inner_graph()
         options = dict(conv_gemm.INNER_OPTIONS)
         inner = front_end(graph.to_ir(), options, marks=False)
         items, _ = plan_items(inner)
