@@ -67,6 +67,22 @@ def _summed_builds(stderr: str) -> float:
     return sum(float(m) for m in re.findall(r"^build profile of .*: ([0-9.]+) s$", stderr, flags=re.M))
 
 
+def _choices(directory: str) -> str:
+    """One block per tuning-cache entry: kernel, tuning seconds, candidates by time (the winner first)."""
+    blocks = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(directory, name)) as f:
+            data = json.load(f)
+        timings = sorted(data.get("timings", []), key=lambda t: (t.get("ms") is None, t.get("ms") or 0.0))
+        lines = [f"{data['key'].get('name')}  {len(timings)} candidates, tuned in {data.get('tuning_s', 0.0):.3f} s"]
+        lines += [f"    {t['ms'] if t.get('ms') is not None else 'failed':>10}  {json.dumps(t.get('config'))}"
+                  for t in timings[:6]]
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
@@ -76,6 +92,9 @@ def main() -> int:
     parser.add_argument("--build-profile", action="store_true",
                         help="FUSEGRAPH_PROFILE_BUILD=1 in both: each plan build's stages and kernels, "
                              "saved as $OUT/<cold|warm>_build_profile_<workload>.txt")
+    parser.add_argument("--choices", action="store_true",
+                        help="after the cold run, list every tuning choice (candidates, winner, times) in "
+                             "$OUT/choices_<workload>.txt")
     parser.add_argument("--child", default="")
     parser.add_argument("--profile", default="")
     args = parser.parse_args()
@@ -105,6 +124,11 @@ def main() -> int:
                     f.write(done.stderr)
                 print(f"  plan builds: {_summed_builds(done.stderr):.2f} s of it (the rest: tracing, "
                       f"partitioning, capture, first runs); reports in {report}", flush=True)
+            if args.choices and label == "cold":
+                listing = os.path.join(out, f"choices_{args.workload}.txt")
+                with open(listing, "w") as f:
+                    f.write(_choices(os.path.join(root, "fg", "tune")))
+                print(f"  tuning choices in {listing}", flush=True)
     import pstats
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)
