@@ -263,9 +263,13 @@ def _direct_backward_candidates(node: Node, p: AttentionProblem, device: str, na
 def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[str, Any],
             device: str) -> str | None:
     """The fastest candidate that runs (and agrees with a torch backend) on example data; the first
-    without a GPU; None when none runs. A launch-bound problem (tune/autotuner.py) takes the first
-    candidate that runs and agrees, torch's SDPA backends first (nothing to compile), without
-    compiling or timing the others. Recorded in kernel.tuning."""
+    without a GPU; None when none runs. Each candidate is checked on its first call, inside its
+    timing, so a choice the autotuner remembers (this process's memo: another layer of the same
+    problem) runs no candidate at all, and one from the disk cache runs only itself (and the torch
+    baseline it is checked against): a warm compile builds no losing cuDNN graph. A launch-bound
+    problem (tune/autotuner.py) takes the first candidate that runs and agrees, torch's SDPA
+    backends first (nothing to compile), without compiling or timing the others. Recorded in
+    kernel.tuning."""
     from ..tune import Config, bench_ms, keys, tune
     from ..tune.autotuner import floor_ms_of, launch_bound, summary
 
@@ -273,7 +277,6 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
     labels = list(candidates)
     if not device.startswith("cuda"):
         return labels[0]
-    args = _example_inputs(node, device)
     floor = floor_ms_of(kernel)
     if settings.autotune and launch_bound(floor) and keys.gpu_identity() is not None:
         # library kernels first: nothing to compile. (The split-KV decode kernels are not put first here:
@@ -281,29 +284,56 @@ def _choose(kernel: Kernel, node: Node, p: AttentionProblem, candidates: dict[st
         # launch eating their gain: bench/ab_gpu.py --workload llama_decode, results/ab_decode_*.txt)
         start = time.perf_counter()
         ordered = sorted(labels, key=lambda label: not label.startswith("torch:"))  # stable
-        chosen = _first_that_runs(name, ordered, candidates, args)
+        chosen = _first_that_runs(name, ordered, candidates, _example_inputs(node, device))
         kernel.tuning = {"source": "launch-bound", "seconds": round(time.perf_counter() - start, 4),
                          "candidates": len(labels)}
         return chosen
-    working = []
-    for label in labels:
-        try:
-            candidates[label](args)
-            working.append(label)
-        except Exception as err:  # a backend that does not take this problem is not a candidate
-            _debug(name, f"{label} does not run: {type(err).__name__}: {str(err)[:200]}")
-    if not working:
-        return None
-    working = _agreeing(name, working, candidates, args)
+    from ..errors import UnsupportedError
+    from .matmul_kernel import check_same
+
+    made: list[list[torch.Tensor]] = []
+    wanted: list[list[torch.Tensor]] = []
+    baseline = next((label for label in labels if label.startswith("torch:")), None)
+
+    def example() -> list[torch.Tensor]:
+        if not made:
+            made.append(_example_inputs(node, device))
+        return made[0]
+
+    def want() -> list[torch.Tensor]:
+        """A torch backend's result on the example inputs, [] when none runs (with return_lse or
+        has_lse there is none to compare with)."""
+        if not wanted:
+            try:
+                wanted.append(_flat(candidates[baseline](example())) if baseline is not None else [])
+            except Exception:
+                wanted.append([])
+        return wanted[0]
 
     def bench(config: Config) -> float:
-        launch = candidates[str(config["candidate"])]
-        return bench_ms(lambda: launch(args))
+        label = str(config["candidate"])
+        launch, inputs = candidates[label], example()
+        try:
+            got = _flat(launch(inputs))
+            if not label.startswith("torch:") and want():   # ours, direct-lse and frontend candidates
+                check_same(got, want(), f"{name} {label} vs {baseline}")
+        except Exception as err:  # a backend that does not take this problem, or different results
+            _debug(name, f"{label} not used: {type(err).__name__}: {str(err)[:200]}")
+            raise
+        return bench_ms(lambda: launch(inputs))
 
     key = {"problem": repr(p), "op": node.op, "attrs": repr(sorted(node.attrs.items())), "torch": torch.__version__}
-    result = tune(name, key, [Config(candidate=label) for label in working], bench, floor_ms=floor)
+    try:
+        result = tune(name, key, [Config(candidate=label) for label in labels], bench, floor_ms=floor)
+    except UnsupportedError:   # none ran
+        return None
     kernel.tuning = summary(result, len(labels))
-    return str(result.config["candidate"])
+    chosen = str(result.config["candidate"])
+    if result.source in ("tuned", "memo"):   # timed and checked in this process
+        return chosen
+    # from the disk cache (another process) or untimed: the first that runs and agrees, from it on
+    return _first_that_runs(name, [chosen] + [label for label in labels if label != chosen], candidates,
+                            example())
 
 
 def _first_that_runs(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> str | None:
@@ -339,26 +369,6 @@ def _torch_baseline(labels: list[str], candidates: dict[str, Any], args: list[to
             except Exception:
                 continue
     return []
-
-
-def _agreeing(name: str, labels: list[str], candidates: dict[str, Any], args: list[torch.Tensor]) -> list[str]:
-    """Drop candidates whose results differ from a torch backend's on the example inputs
-    (when a torch backend ran: with return_lse/has_lse there is none to compare with)."""
-    from .matmul_kernel import check_same
-
-    baseline = next((label for label in labels if label.startswith("torch:")), None)
-    if baseline is None:
-        return labels
-    want = _flat(candidates[baseline](args))
-    kept = []
-    for label in labels:
-        try:
-            if not label.startswith("torch:"):  # ours, direct-lse and frontend candidates
-                check_same(_flat(candidates[label](args)), want, f"{name} {label} vs {baseline}")
-            kept.append(label)
-        except ValueError as err:
-            _debug(name, str(err))
-    return kept or labels
 
 
 def _flat(results: list[Any]) -> list[torch.Tensor]:

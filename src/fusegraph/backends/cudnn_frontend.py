@@ -17,6 +17,7 @@ FUSEGRAPH_DEBUG >= 1 the reason is printed.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -224,19 +225,51 @@ def sdpa_candidate(node: Node, problem: Any, device: str, name: str) -> Launch |
     """A launch (args as the node's inputs) running cuDNN SDPA forward (with its softmax statistics as
     the lse output when the node returns one), or the backward: fed the forward's own out and lse
     when the node has them (has_lse), else after a forward that recomputes them; None (with a debug
-    reason) when not offered."""
+    reason) when not offered. The cuDNN graph is built, and checked against torch, at the launch's
+    first call (so a tuning choice remembered for another candidate builds nothing), once per process
+    for every node of the same problem, strides and dtypes (GPT-2: twelve identical layers, one graph
+    and one workspace); a build that failed raises again at each node's first call."""
     why = unavailable(device) or sdpa_unsupported(node, problem)
     if why is not None:
         debug(name, why)
         return None
-    try:
-        backward = node.op == "sdpa_backward"
-        launch = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device))
-        (_check_sdpa_backward if backward else _check_sdpa)(launch, node, problem, device, name)
-        return launch
-    except Exception as err:  # build failure, or results that differ from torch's: not offered
-        debug(name, f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}")
-        return None
+    key = _sdpa_key(node, problem, device)
+    built: list[Launch] = []
+
+    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
+        if not built:
+            built.append(_shared_sdpa(key, node, problem, device, name))
+        return built[0](args)
+
+    return launch
+
+
+_SDPA_BUILT: dict[str, Launch | str] = {}   # key -> the built, checked launch, or why it is not offered
+_SDPA_LOCK = threading.Lock()
+
+
+def _sdpa_key(node: Node, problem: Any, device: str) -> str:
+    specs = [(i.spec.shape, i.spec.memory_strides, i.dtype) for i in node.inputs]
+    outs = [(s.shape, s.memory_strides, s.dtype) for s in node.specs]
+    return repr((node.op, problem, sorted(node.attrs.items()), specs, outs, str(torch.device(device))))
+
+
+def _shared_sdpa(key: str, node: Node, problem: Any, device: str, name: str) -> Launch:
+    """The built and checked SDPA launch of `key` (built by the first node that asks)."""
+    with _SDPA_LOCK:
+        found = _SDPA_BUILT.get(key)
+        if found is None:
+            try:
+                backward = node.op == "sdpa_backward"
+                found = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device))
+                (_check_sdpa_backward if backward else _check_sdpa)(found, node, problem, device, name)
+            except Exception as err:  # build failure, or results that differ from torch's: not offered
+                found = f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}"
+                debug(name, found)
+            _SDPA_BUILT[key] = found
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    return found
 
 
 def _check_sdpa(launch: Launch, node: Node, problem: Any, device: str, name: str) -> None:
