@@ -200,6 +200,57 @@ def test_compile_in_parallel_through_triton_async_compile_mode():
     assert errors[0] is None and errors[2] is None
 
 
+def _warmup_like(k: int, release: threading.Event, finished: list[int], fail: int = -1):
+    """A job submitting like JITFunction.warmup under AsyncCompileMode; its compile waits for `release`."""
+    from triton.runtime import _async_compile
+
+    def job():
+        mode = _async_compile.active_mode.get()
+        assert mode is not None
+
+        def compile_fn():
+            assert release.wait(5)
+            if k == fail:
+                raise ValueError("bad config")
+            return k
+
+        return mode.submit(("key", k), compile_fn, lambda kernel: finished.append(kernel))
+    return job
+
+
+def test_compile_stream_returns_before_the_compiles_and_finishes_them_on_leaving():
+    """CompileStream: entering binds the jobs and returns while they compile; a launch inside finds
+    its pending compile through the active AsyncCompileMode and waits for that one only; leaving
+    finishes the rest (a failing compile is ignored: the kernel's own build reports it); a nested
+    stream adds its jobs to the same pool instead of waiting."""
+    from triton.runtime import _async_compile
+
+    from fusegraph.tune.precompile import CompileStream, streaming
+
+    release, finished = threading.Event(), []
+    with CompileStream([_warmup_like(k, release, finished, fail=2) for k in range(4)], threads=4) as stream:
+        assert finished == [] and streaming()                       # nothing compiled yet, and we are here
+        mode = _async_compile.active_mode.get()
+        pending = mode.submit(("key", 0), None, None)               # what a launch of kernel 0 finds
+        release.set()
+        assert pending.result() == 0 and finished == [0]            # waits for its own compile only
+        nested = CompileStream([_warmup_like(9, release, finished)])
+        with nested:                                                # inside: no new mode, no wait
+            assert _async_compile.active_mode.get() is mode
+    assert sorted(finished) == [0, 1, 3, 9] and not streaming()
+    assert _async_compile.active_mode.get() is None and stream.pool is not None
+
+
+def test_compile_stream_off_compiles_everything_first():
+    from fusegraph.tune.precompile import CompileStream
+
+    release, finished = threading.Event(), []
+    release.set()
+    with override(stream_compiles=False), CompileStream([_warmup_like(k, release, finished) for k in range(3)],
+                                                        threads=3):
+        assert sorted(finished) == [0, 1, 2]
+
+
 def test_one_thread_runs_jobs_in_order():
     seen: list[int] = []
     errors = compile_in_parallel([lambda k=k: seen.append(k) for k in range(3)], threads=1)
@@ -341,14 +392,18 @@ def test_plan_precompiles_first_config_of_launch_bound_kernels_and_all_of_the_ot
     monkeypatch.setattr(matmul_kernel, "_tma_available", lambda device: False)
     monkeypatch.setattr(matmul_kernel, "_example_inputs", cpu_inputs)
     monkeypatch.setattr(lower, "_example_inputs", cpu_inputs)
-    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: submitted.append(jobs))
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel",
+                        lambda jobs, threads=None: submitted.append(jobs))
     # launch-bound: its first config, timed against cuBLAS (paired: its floor is over 2 us), whose
     # second launch is the relu epilogue kernel; tuned: 3 tiled + 3 persistent configs (512 tiles > 132 SMs)
-    assert plan_precompile.precompile_plan(items, "cuda", {}) == 1 + 1 + 3 + 3
+    stream = plan_precompile.precompile_plan(items, "cuda", {})
+    assert len(stream.jobs) == 1 + 1 + 3 + 3
+    with override(stream_compiles=False), stream:
+        pass
     assert len(submitted) == 1 and len(submitted[0]) == 8           # one parallel batch for the whole plan
     monkeypatch.setattr(autotuner, "cached_choice", lambda name, key, candidates: candidates[1])
-    assert plan_precompile.precompile_plan(items, "cuda", {}) == 1 + 1 + 1   # known choice: only it compiles
-    assert plan_precompile.precompile_plan(items, "cpu", {}) == 0
+    assert len(plan_precompile.precompile_plan(items, "cuda", {}).jobs) == 1 + 1 + 1   # known choice: only it compiles
+    assert len(plan_precompile.precompile_plan(items, "cpu", {}).jobs) == 0
 
 
 def test_plan_precompiles_fused_kernels(gpu, monkeypatch):
@@ -366,11 +421,12 @@ def test_plan_precompiles_fused_kernels(gpu, monkeypatch):
     monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
     monkeypatch.setattr(lower, "_example_inputs",
                         lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
-    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: submitted.append(jobs))
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel",
+                        lambda jobs, threads=None: submitted.append(jobs))
     counts = []
     for graph in (g, big):
         plan = graph.build(device="cpu")
-        counts.append(plan_precompile.precompile_plan(partition_graph(plan.graph).items, "cuda", {}))
+        counts.append(len(plan_precompile.precompile_plan(partition_graph(plan.graph).items, "cuda", {}).jobs))
     assert counts[0] == 1 and counts[1] > 1
 
 
@@ -439,9 +495,9 @@ def test_plan_precompiles_a_repeated_block_once(gpu, monkeypatch):
     monkeypatch.setattr(matmul_kernel, "_tma_available", lambda device: False)
     monkeypatch.setattr(matmul_kernel, "_example_inputs", cpu_inputs)
     monkeypatch.setattr(lower, "_example_inputs", cpu_inputs)
-    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
-    one = plan_precompile.precompile_plan(items(1), "cuda", {})
-    assert one > 0 and plan_precompile.precompile_plan(items(3), "cuda", {}) == one
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs, threads=None: None)
+    one = len(plan_precompile.precompile_plan(items(1), "cuda", {}).jobs)
+    assert one > 0 and len(plan_precompile.precompile_plan(items(3), "cuda", {}).jobs) == one
 
 
 def test_plan_precompiles_convolution_epilogues_once(gpu, monkeypatch):
@@ -475,9 +531,9 @@ def test_plan_precompiles_convolution_epilogues_once(gpu, monkeypatch):
     monkeypatch.setattr(plan_precompile, "fused_warmup_jobs", recording)
     monkeypatch.setattr(lower, "_example_inputs",
                         lambda nodes, device: [torch.zeros(n.shape, dtype=torch.float16) for n in nodes])
-    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs, threads=None: None)
     two = items(2)   # the last block's epilogue also converts back to NCHW: a kernel of its own
     assert any(isinstance(item, ConvGroup) and item.epilogue_nodes for item in two)
-    first = plan_precompile.precompile_plan(two, "cuda", {})
+    first = len(plan_precompile.precompile_plan(two, "cuda", {}).jobs)
     assert first > 0 and any(n.endswith("_conv_epilogue") for n in names)
-    assert plan_precompile.precompile_plan(items(4), "cuda", {}) == first   # the middle blocks add nothing
+    assert len(plan_precompile.precompile_plan(items(4), "cuda", {}).jobs) == first   # the middle blocks add nothing

@@ -82,12 +82,12 @@ def test_plan_precompile_compiles_only_the_heuristic_config_of_small_kernels(gpu
     monkeypatch.setattr(plan_precompile, "interpreting", lambda: False)
     monkeypatch.setattr(lower, "_example_inputs",
                         lambda nodes, device: [torch.zeros(n.shape, dtype=torch.bfloat16) for n in nodes])
-    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs: None)
+    monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel", lambda jobs, threads=None: None)
     every = len(candidate_configs(generate(items[0], "fg_k0_x")))
     assert every > 1
-    assert plan_precompile.precompile_plan(items, "cuda", {}) == (fast_jobs or every)
+    assert len(plan_precompile.precompile_plan(items, "cuda", {}).jobs) == (fast_jobs or every)
     with override(tune="full"):
-        assert plan_precompile.precompile_plan(items, "cuda", {}) == (full_jobs or every)
+        assert len(plan_precompile.precompile_plan(items, "cuda", {}).jobs) == (full_jobs or every)
 
 
 def test_fused_kernel_times_only_big_memory_bound_kernels(gpu, monkeypatch):
@@ -197,9 +197,11 @@ def test_plan_precompile_covers_both_launches_of_two_stage_kernels(gpu, monkeypa
     monkeypatch.setattr(torch, "empty_strided", lambda *a, device=None, **kw: empty_strided(*a, **kw))
     ran: list[int] = []
     monkeypatch.setattr("fusegraph.tune.precompile.compile_in_parallel",
-                        lambda jobs: ran.append(len(jobs)) or [job() for job in jobs])
-    with override(tune="full", tune_min_floor_us=0):
-        count = plan_precompile.precompile_plan(items, "cuda", {})
+                        lambda jobs, threads=None: ran.append(len(jobs)) or [job() for job in jobs])
+    with override(tune="full", tune_min_floor_us=0, stream_compiles=False):
+        stream = plan_precompile.precompile_plan(items, "cuda", {})
+        with stream:   # (not streamed: compile_in_parallel runs the jobs)
+            count = len(stream.jobs)
     names = {name for name, _, _ in calls}
     assert count == len(calls) == ran[0] and count >= 4
     assert any(n.endswith("_finish") for n in names) and any(not n.endswith("_finish") for n in names)

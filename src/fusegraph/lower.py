@@ -115,29 +115,29 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     kernels: list[Kernel] = []
     items, aliases = plan_items(graph)
     mark("partition")
-    precompile_plan(items, device, options, graph.compute_dtype)  # Triton candidates compile at once, in parallel
-    mark("precompile (parallel)")
-    for k, item in enumerate(items):
-        built = len(kernels)
-        if isinstance(item, MatmulGroup):
-            kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
-        elif isinstance(item, ConvGroup):
-            kernels.append(conv_group_kernel(item, f"fg_k{k}_conv", graph.compute_dtype, device, options))
-        elif isinstance(item, Node) and item.id in aliases:
-            kernels.append(view_kernel(item, *aliases[item.id]))
-        elif isinstance(item, Node) and item.op == "getitem":
-            kernels.append(node_kernel(item, graph.compute_dtype, note="picks one output", device=device,
-                                       kind="view"))
-        elif isinstance(item, Node):
-            kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
-                           or node_kernel(item, graph.compute_dtype, note="no code generation for this op",
-                                          device=device))
-        elif isinstance(item, RowColumnGroup):
-            kernels.extend(row_column_kernels(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device,
-                                              options))
-        else:
-            kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
-        kernels_built(kernels, built)
+    with precompile_plan(items, device, options, graph.compute_dtype):  # Triton candidates compile at once,
+        mark("precompile (parallel)")                                   # in parallel, while the kernels build
+        for k, item in enumerate(items):
+            built = len(kernels)
+            if isinstance(item, MatmulGroup):
+                kernels.append(matmul_group_kernel(item, f"fg_k{k}_matmul", graph.compute_dtype, device, options))
+            elif isinstance(item, ConvGroup):
+                kernels.append(conv_group_kernel(item, f"fg_k{k}_conv", graph.compute_dtype, device, options))
+            elif isinstance(item, Node) and item.id in aliases:
+                kernels.append(view_kernel(item, *aliases[item.id]))
+            elif isinstance(item, Node) and item.op == "getitem":
+                kernels.append(node_kernel(item, graph.compute_dtype, note="picks one output", device=device,
+                                           kind="view"))
+            elif isinstance(item, Node):
+                kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
+                               or node_kernel(item, graph.compute_dtype, note="no code generation for this op",
+                                              device=device))
+            elif isinstance(item, RowColumnGroup):
+                kernels.extend(row_column_kernels(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device,
+                                                  options))
+            else:
+                kernels.append(fused_kernel(item, f"fg_k{k}_{_summary(item)}", graph.compute_dtype, device, options))
+            kernels_built(kernels, built)
     return kernels
 
 

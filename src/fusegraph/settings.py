@@ -216,6 +216,9 @@ _register("profile_ranges", bool, lambda: False,
           "shows which plan kernel or step issued each ATen call (copies, clones, torch library calls); Triton "
           "and cuDNN frontend launches are attributed by the profiler to the enclosing ATen op instead. Costs "
           "host time per launch.")
+_register("stream_compiles", bool, lambda: True,
+          "A plan's kernel builds (tuning, timing) start while its batch of Triton compiles still runs: "
+          "each waits only for the kernels it launches. Off: the whole batch compiles first.")
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")

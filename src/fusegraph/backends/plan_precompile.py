@@ -13,7 +13,9 @@ the inner GEMM plan of a 1x1 convolution (conv_gemm_warmup_jobs) and the Triton 
 attention nodes (each distinct launch of their candidate configs, backends/attention_kernel.
 attention_warmup_jobs); the rest (library plans) is built where its kernel is built.
 Before those, the conv groups' fused cuDNN plans go to build worker processes (prefetch_library_plans).
-Never raises: a failure here shows again, with its message, where the kernel is built.
+The kernels' builds start while the batch compiles (settings.stream_compiles), each waiting only for
+the kernels it launches. Never raises: a failure here shows again, with its message, where the kernel
+is built.
 """
 
 from __future__ import annotations
@@ -33,17 +35,18 @@ log = logging.getLogger("fusegraph.backends")
 ATTENTION_OPS = ("scaled_dot_product_attention", "sdpa_backward")
 
 
-def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any], compute_dtype: str = "float32") -> int:
-    """Submit every compile the plan's build will need; returns how many jobs ran."""
-    from ..tune.precompile import compile_in_parallel
+def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any],
+                    compute_dtype: str = "float32") -> Any:
+    """Start every compile the plan's build will need: a context (tune/precompile.CompileStream) to
+    build the plan's kernels in; each kernel's first launch waits for its own compile, and leaving it
+    finishes the rest. Its `jobs`: the compile jobs (none off the GPU and under the interpreter)."""
+    from ..tune.precompile import CompileStream
 
     if device.startswith("cuda"):
         prefetch_library_plans(items, device)
     if not device.startswith("cuda") or not settings.use_triton or interpreting():
-        return 0
-    jobs = precompile_jobs(items, device, options, compute_dtype, set())
-    compile_in_parallel(jobs)
-    return len(jobs)
+        return CompileStream([])
+    return CompileStream(precompile_jobs(items, device, options, compute_dtype, set()))
 
 
 def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], compute_dtype: str,

@@ -23,7 +23,9 @@ first launches only load them from the cache. FUSEGRAPH_PROFILE_BUILD shows both
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +92,105 @@ def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None =
         return errors
 
 
+class CompileStream:
+    """compile_in_parallel without the wait, as a context around the builds that use the kernels:
+
+        with CompileStream(jobs):      # binds every job, hands the compiles to a thread pool, returns
+            build kernels              # a first launch waits for its own compile only
+                                       # leaving: the compiles no build waited for are finished
+
+    Inside, Triton's AsyncCompileMode stays active on this thread, so a kernel's launch (or warmup)
+    that Triton has not finished finds its pending compile and waits for it (JITFunction.run calls
+    the FutureKernel's result()); nested compile_in_parallel calls (a kernel's own candidates, an
+    inner plan) add their jobs to the same pool. A kernel's C launcher is built on the compile
+    thread as soon as the kernel is compiled. While compiles are in flight, this thread's timing
+    (tune/timing.py) keeps a longer lead and Python switches threads more often, so the launches
+    of a timed kernel are not held behind the compile threads. Falls back to compile_in_parallel
+    (waiting at the start) without AsyncCompileMode, with one thread, inside another stream, or
+    with settings.stream_compiles off."""
+
+    def __init__(self, jobs: Sequence[Callable[[], Any]], threads: int | None = None) -> None:
+        self.jobs, self.threads = list(jobs), threads
+        self.pool: ThreadPoolExecutor | None = None
+        self.mode: Any = None
+        self.start = 0.0
+        self.switch_interval = 0.0
+
+    def __enter__(self) -> CompileStream:
+        global _streams
+        self.start = time.perf_counter()
+        mode = _async_compile_mode()
+        workers = self.threads or compile_threads(len(self.jobs))
+        if not self.jobs or mode is None or workers == 1 or _async_mode_active() or not settings.stream_compiles:
+            compile_in_parallel(self.jobs, self.threads)
+            return self
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegraph-compile")
+        self.mode = mode(self.pool, ignore_errors=True)
+        self.mode.__enter__()
+        launchers = _LauncherBuilds() if settings.prebuild_launchers else None
+        for job in self.jobs:
+            try:
+                handle = job()
+            except Exception:  # binding failed: the kernel's build meets it again and reports it
+                continue
+            pending = getattr(handle, "future", None)
+            if launchers is not None and isinstance(pending, Future):
+                pending.add_done_callback(launchers.build)
+        with _streams_lock:
+            _streams += 1
+        self.switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(STREAM_SWITCH_INTERVAL_S)
+        _note("compiles submitted", self.start, f"{len(self.jobs)} jobs to {workers} threads")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _streams
+        if self.mode is None:
+            return
+        try:
+            self.mode.__exit__(None, None, None)   # finishes the compiles no build waited for
+        finally:
+            assert self.pool is not None
+            self.pool.shutdown(wait=True)
+            sys.setswitchinterval(self.switch_interval)
+            with _streams_lock:
+                _streams -= 1
+            _note("parallel compile (streamed)", self.start, f"{len(self.jobs)} jobs, done when the builds were")
+
+
+STREAM_SWITCH_INTERVAL_S = 0.0005   # Python's default is 5 ms: a timed launch could wait that long for the GIL
+_streams = 0
+_streams_lock = threading.Lock()
+
+
+def streaming() -> bool:
+    """True while a CompileStream's compiles may be running (tune/timing.py then keeps a longer lead)."""
+    return _streams > 0
+
+
+class _LauncherBuilds:
+    """Builds each distinct C launcher once, on the compile thread that finished a kernel needing it."""
+
+    def __init__(self) -> None:
+        self.launcher_cls = _launcher_class()
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
+
+    def build(self, future: Future[Any]) -> None:
+        if self.launcher_cls is None or future.cancelled() or future.exception() is not None:
+            return
+        kernel = future.result()
+        key = _launcher_key(kernel)
+        if key is None:
+            return
+        with self.lock:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        with contextlib.suppress(Exception):   # fails again, with its message, at the kernel's first launch
+            self.launcher_cls(kernel.src, kernel.metadata)
+
+
 _warmup_lock = threading.Lock()
 _warmup: threading.Thread | None = None
 
@@ -134,18 +235,23 @@ def build_launchers(compiled: Sequence[Any], pool: ThreadPoolExecutor) -> int:
     seen: set[str] = set()
     futures = []
     for kernel in compiled:       # CompiledKernels (None: failed)
-        src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
-        signature = getattr(src, "signature", None)
-        if signature is None or metadata is None:
-            continue
-        key = repr((sorted(signature.items(), key=str), sorted(getattr(src, "constants", {}).items(), key=str),
-                    getattr(metadata, "tensordesc_meta", None)))
-        if key not in seen:
+        key = _launcher_key(kernel)
+        if key is not None and key not in seen:
             seen.add(key)
-            futures.append(pool.submit(launcher_cls, src, metadata))
+            futures.append(pool.submit(launcher_cls, kernel.src, kernel.metadata))
     for future in futures:
         future.exception()
     return len(futures)
+
+
+def _launcher_key(kernel: Any) -> str | None:
+    """What a compiled kernel's C launcher depends on (None: not a CompiledKernel)."""
+    src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+    signature = getattr(src, "signature", None)
+    if signature is None or metadata is None:
+        return None
+    return repr((sorted(signature.items(), key=str), sorted(getattr(src, "constants", {}).items(), key=str),
+                 getattr(metadata, "tensordesc_meta", None)))
 
 
 def _launcher_class() -> Any:

@@ -88,13 +88,24 @@ def _event_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> f
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
 
+STREAMING_LEAD_US = 10000.0   # the lead while a plan's compiles run beside the timing (tune/precompile.CompileStream)
+
+
 def queued_bench_ms(fn: Callable[[], Any], *, lead_us: float = 2000.0) -> float:
     """Median device milliseconds per call of `fn`, each after an L2 flush, with the GPU's queue kept
     ahead of the host: a spin (torch.cuda._sleep) of `lead_us` first, then, before each timed call,
     a spin as long as one call takes the host to launch. Device events then bracket the kernels only,
     never a wait for the host's next launch (a slow host launch, e.g. through a Python-level launcher
-    or under a busy interpreter, inflated event timings of short kernels by up to 3x)."""
+    or under a busy interpreter, inflated event timings of short kernels by up to 3x). While a plan's
+    compiles run on other threads the lead is STREAMING_LEAD_US and each spin twice as long: a launch
+    may then wait for the GIL."""
     import torch
+
+    from .precompile import streaming
+
+    busy = streaming()
+    if busy:
+        lead_us = max(lead_us, STREAMING_LEAD_US)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     fn()
     torch.cuda.synchronize()
@@ -111,7 +122,7 @@ def queued_bench_ms(fn: Callable[[], Any], *, lead_us: float = 2000.0) -> float:
     end.record()
     torch.cuda.synchronize()
     n_warmup, n_repeat = short_budget(start.elapsed_time(end) / _SHORT_ESTIMATE_CALLS)
-    pad = _cycles(1.5 * host_us + 20.0)
+    pad = _cycles((3.0 if busy else 1.5) * host_us + 20.0)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     torch.cuda._sleep(_cycles(lead_us))
