@@ -70,7 +70,7 @@ def test_pool_size_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     with override(build_workers=3):
         p = build_workers.pool()
         assert p is not None and p.size == 3
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr("fusegraph.tune.precompile.usable_cpus", lambda: 16)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with override(build_workers=-1):
         assert build_workers.auto_size() == 2          # 16 cores, 4 local ranks: 2 workers each

@@ -228,7 +228,8 @@ def test_compile_stream_returns_before_the_compiles_and_finishes_them_on_leaving
     from fusegraph.tune.precompile import CompileStream, streaming
 
     release, finished = threading.Event(), []
-    with CompileStream([_warmup_like(k, release, finished, fail=2) for k in range(4)], threads=4) as stream:
+    with override(stream_compiles=True), \
+            CompileStream([_warmup_like(k, release, finished, fail=2) for k in range(4)], threads=4) as stream:
         assert finished == [] and streaming()                       # nothing compiled yet, and we are here
         mode = _async_compile.active_mode.get()
         pending = mode.submit(("key", 0), None, None)               # what a launch of kernel 0 finds
@@ -249,6 +250,20 @@ def test_compile_stream_off_compiles_everything_first():
     with override(stream_compiles=False), CompileStream([_warmup_like(k, release, finished) for k in range(3)],
                                                         threads=3):
         assert sorted(finished) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("cpu_max, cap", [("max 100000\n", None), ("400000 100000\n", 4), ("150000 100000", 2),
+                                          ("garbage", None), (None, None)])
+def test_usable_cpus_follow_the_affinity_mask_and_the_cgroup_quota(tmp_path, cpu_max, cap):
+    import os
+
+    from fusegraph.tune.precompile import usable_cpus
+
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    mask = len(os.sched_getaffinity(0))
+    assert usable_cpus(str(path)) == (mask if cap is None else min(mask, cap))
 
 
 def test_one_thread_runs_jobs_in_order():

@@ -216,9 +216,11 @@ _register("profile_ranges", bool, lambda: False,
           "shows which plan kernel or step issued each ATen call (copies, clones, torch library calls); Triton "
           "and cuDNN frontend launches are attributed by the profiler to the enclosing ATen op instead. Costs "
           "host time per launch.")
-_register("stream_compiles", bool, lambda: True,
+_register("stream_compiles", bool, lambda: False,
           "A plan's kernel builds (tuning, timing) start while its batch of Triton compiles still runs: "
-          "each waits only for the kernels it launches. Off: the whole batch compiles first.")
+          "each waits only for the kernels it launches. Off (default): the whole batch compiles first; on "
+          "the H200 host the compile threads starved the builds' own thread (ResNet-50's cold compile "
+          "45.8 s streamed against 37.6 s not: bench/results/compile_stream_20261202_0155.txt).")
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")

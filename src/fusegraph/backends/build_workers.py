@@ -46,13 +46,15 @@ class WorkerError(RuntimeError):
 
 
 def auto_size() -> int:
-    """settings.build_workers, or when it is negative (auto): half the CPU cores, shared among the
+    """settings.build_workers, or when it is negative (auto): half the usable CPU cores, shared among the
     local ranks of a distributed job (LOCAL_WORLD_SIZE), at most MAX_AUTO_WORKERS."""
     wanted = int(settings.build_workers)
     if wanted >= 0:
         return wanted
+    from ..tune.precompile import usable_cpus
+
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(MAX_AUTO_WORKERS, (os.cpu_count() or 2) // (2 * ranks)))
+    return max(1, min(MAX_AUTO_WORKERS, usable_cpus() // (2 * ranks)))
 
 
 def _write_frame(stream: IO[bytes], payload: Any) -> None:

@@ -39,9 +39,29 @@ MAX_THREADS = 16
 
 
 def compile_threads(jobs: int) -> int:
-    """How many threads compile `jobs` candidates (settings.compile_threads; 0: one per core)."""
-    wanted = settings.compile_threads or min(MAX_THREADS, os.cpu_count() or 1)
+    """How many threads compile `jobs` candidates (settings.compile_threads; 0: one per usable core)."""
+    wanted = settings.compile_threads or min(MAX_THREADS, usable_cpus())
     return max(1, min(wanted, jobs))
+
+
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may run on (its affinity mask), capped by the container's CPU quota
+    (cgroup v2 cpu.max, "<quota> <period>" or "max ..."), which os.cpu_count() does not see."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        cpus = os.cpu_count() or 1
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):  # no cgroup v2 quota here
+        pass
+    return max(1, cpus)
 
 
 def compile_in_parallel(jobs: Sequence[Callable[[], Any]], threads: int | None = None, *,
