@@ -111,12 +111,13 @@ def test_none_runs_gives_the_reference() -> None:
 
 def test_frontend_sdpa_is_built_at_first_call_once_per_problem(monkeypatch: pytest.MonkeyPatch) -> None:
     builds: list[str] = []
+    kept: list[str] = []
 
-    def plan(node: Any, problem: Any, device: Any) -> Any:
+    def plan(node: Any, problem: Any, device: Any, name: str) -> Any:
         builds.append(node.name)
         if problem == "broken":
             raise RuntimeError("no engine for this graph")
-        return lambda args: [args[0] * 2]
+        return (lambda args: [args[0] * 2]), (lambda: kept.append(name))
 
     monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)
     monkeypatch.setattr(cudnn_frontend, "sdpa_unsupported", lambda node, problem: None)
@@ -133,7 +134,7 @@ def test_frontend_sdpa_is_built_at_first_call_once_per_problem(monkeypatch: pyte
     assert builds == []                                            # offered, not built
     x = torch.ones(2, 3)
     assert all(torch.equal(launch([x])[0], x * 2) for launch in layers if launch is not None)
-    assert builds == ["attn0"]                                     # one graph for the three layers
+    assert builds == ["attn0"] and kept == ["attn0"]               # one graph for the three layers, stored
     broken = [cudnn_frontend.sdpa_candidate(node(f"b{k}"), "broken", "cpu", f"b{k}") for k in range(2)]
     for launch in broken:
         assert launch is not None

@@ -6,6 +6,7 @@ execute() runs torch."""
 
 from __future__ import annotations
 
+import pickle
 import types
 from typing import Any
 
@@ -72,6 +73,13 @@ def _grouped_conv() -> Any:
 class _FakeTensor:
     def __init__(self, name: str, dim: list[int], stride: list[int]) -> None:
         self.name, self.dim, self.stride = name, dim, stride
+        self.uid: int | None = None
+        if _FakeGraph.last is not None:
+            _FakeGraph.last.all.append(self)
+
+    def set_uid(self, uid: int) -> _FakeTensor:
+        self.uid = uid
+        return self
 
     def set_output(self, flag: bool) -> _FakeTensor:
         return self
@@ -96,9 +104,14 @@ class _FakeGraph:
     wrong: float | None = None      # scale the result: a plan that computes something else
     made: list[_FakeGraph] = []
 
+    serializable = True             # False: a frontend that cannot serialize the engine
+    plans_built: list[Any] = []     # build_plan_at_index / build_plans calls, over all graphs
+
     def __init__(self, **kw: Any) -> None:
         self.kw, self.steps, self.ops = kw, [], []
         self.tensors: dict[str, _FakeTensor] = {}
+        self.all: list[_FakeTensor] = []
+        self.uid_names: dict[int, str] = {}
         _FakeGraph.last = self
         _FakeGraph.made.append(self)
 
@@ -140,11 +153,30 @@ class _FakeGraph:
     def build_operation_graph(self) -> None: self._step("build_operation_graph")
     def create_execution_plans(self, modes: list[Any]) -> None: self._step("create_execution_plans")
     def check_support(self) -> None: self._step("check_support")
-    def build_plans(self) -> None: self._step("build_plans")
+    def build_plans(self) -> None:
+        self._step("build_plans")
+        _FakeGraph.plans_built.append("heuristics")
+
+    def get_execution_plan_count(self) -> int: return 1
+
+    def build_plan_at_index(self, index: int) -> None:
+        self._step("build_plans")
+        _FakeGraph.plans_built.append(index)
+
     def get_workspace_size(self) -> int: return 64
 
+    def serialize(self, as_bytes: bool = False) -> bytes:
+        if not _FakeGraph.serializable:
+            raise RuntimeError("this engine cannot be serialized")
+        names = {t.uid: t.name for t in self.all if t.uid is not None}
+        return pickle.dumps({"ops": self.ops, "uids": names})
+
+    def deserialize(self, handle: Any, blob: bytes) -> None:
+        data = pickle.loads(blob)
+        self.ops, self.uid_names = data["ops"], data["uids"]
+
     def execute(self, bindings: dict[Any, torch.Tensor], workspace: torch.Tensor, handle: Any = None) -> None:
-        by_name = {t.name: v for t, v in bindings.items()}
+        by_name = {(self.uid_names[t] if isinstance(t, int) else t.name): v for t, v in bindings.items()}
         if self.ops[0][0] == "sdpa":
             _, scale, stats, causal = self.ops[0]
             q, k, v = (by_name[n].float() for n in "qkv")
@@ -186,6 +218,8 @@ def _fake_cudnn(monkeypatch: pytest.MonkeyPatch, fail_at: str | None) -> None:
         heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), set_stream=lambda h, s: None)
     monkeypatch.setattr(_FakeGraph, "fail_at", fail_at)
     monkeypatch.setattr(_FakeGraph, "made", [])
+    monkeypatch.setattr(_FakeGraph, "plans_built", [])
+    monkeypatch.setattr(_FakeGraph, "last", None)
     monkeypatch.setattr(cudnn_frontend, "_load", lambda: (fake, None))
     monkeypatch.setattr(cudnn_frontend, "unavailable", lambda device: None)
     monkeypatch.setattr(cudnn_frontend, "_handle", lambda module, device: None)
@@ -253,9 +287,9 @@ def test_the_sdpa_graph_we_describe_and_its_agreement_check(monkeypatch: pytest.
     node = next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
     problem = attention_problem(node)
     assert cudnn_frontend.sdpa_unsupported(node, problem) is None
-    launch = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
-    graph = _FakeGraph.last
-    assert graph is not None and graph.ops == [("sdpa", 0.125, False, True)]
+    launch, _ = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
+    graph = _FakeGraph.made[0]                    # the one built (then serialized, deserialized)
+    assert graph.ops == [("sdpa", 0.125, False, True)] and _FakeGraph.plans_built == [0]
     assert graph.out.dim == [1, 2, 16, 64] and graph.out.stride == [2048, 1024, 64, 1]
     _check_catches_a_wrong_plan(monkeypatch, launch, node, problem, "cuDNN frontend SDPA")
 
@@ -269,7 +303,7 @@ def test_the_sdpa_backward_plans_compute_the_gradients(monkeypatch: pytest.Monke
     node = next(n for n in g.to_ir().nodes if n.op == "sdpa_backward")
     problem = attention_problem(node)
     assert cudnn_frontend.sdpa_unsupported(node, problem) is None
-    launch = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
+    launch, _ = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
     cudnn_frontend._check_sdpa_backward(launch, node, problem, "cpu", "attn_bwd")   # gradients agree
 
 
@@ -283,9 +317,9 @@ def test_the_sdpa_forward_returns_cudnn_statistics_as_lse(monkeypatch: pytest.Mo
     node = next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
     problem = attention_problem(node)
     assert cudnn_frontend.sdpa_unsupported(node, problem) is None     # a candidate for training forwards too
-    launch = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
-    graph = _FakeGraph.last
-    assert graph is not None and graph.ops == [("sdpa", 0.125, True, True)]
+    launch, _ = cudnn_frontend._sdpa_plan(node, problem, torch.device("cpu"))
+    graph = _FakeGraph.made[0]
+    assert graph.ops == [("sdpa", 0.125, True, True)]
     qt, kt, vt = (rand(1, 2, 16, 64, dtype=torch.float16) for _ in range(3))
     ((out_t, got_lse),) = launch([qt, kt, vt])
     assert out_t.shape == (1, 2, 16, 64)
@@ -314,11 +348,109 @@ def test_the_sdpa_backward_with_the_forwards_lse_builds_no_forward(monkeypatch: 
     node = next(n for n in g.to_ir().nodes if n.op == "sdpa_backward")
     assert node.attrs["has_lse"]
     problem = attention_problem(node)
-    launch = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
-    assert [graph.ops[0][0] for graph in _FakeGraph.made] == ["sdpa_backward"]   # no recomputing forward plan
+    launch, _ = cudnn_frontend._sdpa_backward_plan(node, problem, torch.device("cpu"))
+    assert {graph.ops[0][0] for graph in _FakeGraph.made} == {"sdpa_backward"}   # no recomputing forward plan
     # the fake asserts that the out and statistics it is given are the forward's
     cudnn_frontend._check_sdpa_backward(launch, node, problem, "cpu", "attn_bwd_lse")
     dyt, qt, kt, vt = (rand(1, 2, 16, 64, dtype=torch.float16) for _ in range(4))
     want_o = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), is_causal=True).half()
     with pytest.raises(AssertionError):   # statistics that are not the forward's are noticed by the fake
         launch([dyt, qt, kt, vt, want_o, torch.zeros(1, 2, 16)])
+
+
+# ---- SDPA graphs as serialized plans: built (by a build worker when prefetched), stored, reloaded ----
+
+def _attention_node(causal: bool = True) -> Any:
+    g = fg.Graph(name="attn")
+    q, k, v = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in "qkv")
+    g.scaled_dot_product_attention(q, k, v, is_causal=causal).set_output()
+    return next(n for n in g.to_ir().nodes if n.op == "scaled_dot_product_attention")
+
+
+def _backward_node() -> Any:
+    g = fg.Graph(name="attn_bwd")
+    dy, q, k, v, o = (g.tensor((1, 2, 16, 64), dtype="float16", name=n) for n in ("dy", "q", "k", "v", "o"))
+    dq, _, _ = g.sdpa_backward(dy, q, k, v, o, is_causal=True)
+    dq.set_output()
+    return next(n for n in g.to_ir().nodes if n.op == "sdpa_backward")
+
+
+@pytest.fixture
+def plan_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """The stand-in cudnn, a GPU identity (plans are stored per GPU) and an empty cache dir."""
+    from fusegraph.backends import cudnn_plans
+    from fusegraph.tune import keys
+
+    _fake_cudnn(monkeypatch, fail_at=None)
+    monkeypatch.setattr(keys, "gpu_identity", lambda: {"name": "Fake GPU H200", "capability": "9.0"})
+    monkeypatch.setattr(cudnn_frontend, "_SDPA_BUILT", {})
+    monkeypatch.setattr(cudnn_plans, "_PENDING", {})
+    with override(cache_dir=str(tmp_path), build_workers=0):
+        yield tmp_path
+
+
+def _run_candidate(node: Any) -> list[Any]:
+    problem = attention_problem(node)
+    launch = cudnn_frontend.sdpa_candidate(node, problem, "cpu", "attn")
+    assert launch is not None
+    args = [rand(*i.shape, dtype=torch.float16) for i in node.inputs]
+    return [args, launch(args)]
+
+
+def test_sdpa_plans_are_stored_once_checked_and_a_new_process_builds_none(plan_store: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    node = _attention_node()
+    args, (out,) = _run_candidate(node)
+    q, k, v = (a.float() for a in args)
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True).half(), what="serialized SDPA")
+    assert _FakeGraph.plans_built == [0]
+    assert len(list((plan_store / "cudnn_plans").glob("*.plan"))) == 1       # stored after its check
+    monkeypatch.setattr(cudnn_frontend, "_SDPA_BUILT", {})                   # a new process
+    monkeypatch.setattr(_FakeGraph, "plans_built", [])
+    args, (again,) = _run_candidate(node)
+    q, k, v = (a.float() for a in args)
+    assert_close(again, F.scaled_dot_product_attention(q, k, v, is_causal=True).half(), what="reloaded SDPA")
+    assert _FakeGraph.plans_built == []                                      # deserialized, nothing built
+    bwd = _backward_node()                                                   # the recomputing forward + backward
+    _run_candidate(bwd)
+    assert len(list((plan_store / "cudnn_plans").glob("*.plan"))) == 3
+
+
+def test_an_sdpa_engine_that_cannot_be_serialized_is_built_directly(plan_store: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_FakeGraph, "serializable", False)
+    args, (out,) = _run_candidate(_attention_node(causal=False))
+    q, k, v = (a.float() for a in args)
+    assert_close(out, F.scaled_dot_product_attention(q, k, v).half(), what="directly built SDPA")
+    assert _FakeGraph.plans_built == [0, "heuristics"]      # the serialized attempt, then the direct build
+    assert not list((plan_store / "cudnn_plans").glob("*.plan"))
+
+
+def test_sdpa_graphs_are_prefetched_to_the_build_workers(plan_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from fusegraph.backends import build_workers, cudnn_plans
+    from fusegraph.tune import autotuner
+
+    jobs: list[tuple[str, tuple[Any, ...]]] = []
+
+    class InProcess:
+        def submit(self, function: str, *args: Any) -> Future[Any]:
+            jobs.append((function, args))
+            done: Future[Any] = Future()
+            done.set_result(build_workers.run_job(function, (*args[:-1], None)))
+            return done
+
+    monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
+    node = _backward_node()
+    assert cudnn_frontend.prefetch_sdpa(node, "cuda:0") == 0            # launch-bound: torch's backends first
+    monkeypatch.setattr(autotuner, "launch_bound", lambda floor: False)
+    assert cudnn_frontend.prefetch_sdpa(node, "cuda:0") == 2            # the recomputing forward and the backward
+    assert [f for f, _ in jobs] == ["fusegraph.backends.cudnn_plans:build_serialized"] * 2
+    assert [args[0][0].backward for _, args in jobs] == [False, True] and all(a[2] == 0 for _, a in jobs)
+    assert cudnn_frontend.prefetch_sdpa(node, "cuda:0") == 0            # pending already
+    built = list(_FakeGraph.plans_built)
+    for _, (recipes, max_plans, _) in jobs:
+        got = cudnn_plans.fetch(recipes, max_plans, torch.device("cuda:0"), "attn")
+        assert got.blobs and got.recipe == 0
+    assert _FakeGraph.plans_built == built and not cudnn_plans._PENDING   # the workers' plans, none built here

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import fusegraph as fg
 from conftest import assert_close, rand
 from fusegraph.backends import cudnn_conv_epilogue as cce
-from fusegraph.backends import cudnn_frontend
+from fusegraph.backends import cudnn_frontend, cudnn_plans
 from fusegraph.backends.conv_kernel import library_candidates
 from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
 from fusegraph.fusion.partition import partition_graph
@@ -452,7 +452,7 @@ def serialized_route(monkeypatch: pytest.MonkeyPatch, tuning_cache: Any) -> Any:
     _fake_cudnn(monkeypatch)
     monkeypatch.setattr(cce, "_serialized_route", lambda device: True)
     monkeypatch.setattr(cce, "_BUILT", {})
-    monkeypatch.setattr(cce, "_PENDING", {})
+    monkeypatch.setattr(cudnn_plans, "_PENDING", {})
     monkeypatch.setattr(_Graph, "plans_built", [])
     with override(build_workers=0):
         yield
@@ -556,7 +556,7 @@ def test_prefetched_builds_are_taken_from_the_worker(monkeypatch: pytest.MonkeyP
     assert not prefetch_library_plans(group, "cuda:0")        # one job per distinct plan
     built = list(_Graph.plans_built)
     launch, group = _build_main()
-    assert _Graph.plans_built == built and not cce._PENDING  # the worker's plans were used, none built here
+    assert _Graph.plans_built == built and not cudnn_plans._PENDING  # the worker's plans were used, none built here
     _check_against_plain(launch, group, "prefetched plan")
     _new_process()
     assert not prefetch_library_plans(group, "cuda:0")        # stored on disk: nothing to build

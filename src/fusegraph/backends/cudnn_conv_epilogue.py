@@ -557,25 +557,10 @@ def _serialized_route(device: torch.device) -> bool:
     return device.type == "cuda" and bool(settings.autotune)
 
 
-# build-worker jobs submitted ahead of the conv kernels' builds (prefetch), by their recipe lists;
-# a job not done after WORKER_TIMEOUT_S is abandoned and its plans built in-process
-WORKER_TIMEOUT_S = 300.0
-_PENDING: dict[tuple[plans.ConvRecipe, ...], Any] = {}
-
-
-def _store_key(recipes: Sequence[plans.ConvRecipe], cudnn: Any) -> dict[str, Any] | None:
-    from ..tune import keys
-
-    gpu = keys.gpu_identity()
-    return None if gpu is None else plans.store_key(recipes, gpu, _cudnn_version(cudnn))
-
-
 def prefetch(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], device: str) -> bool:
     """Submit the fused plan's builds to the build workers (backends/build_workers.py) now, so they
     run while other kernels are built; `build` then takes the result. True when a job was submitted
     (not when the plan is unavailable, already built or stored, or there are no workers)."""
-    from . import build_workers
-
     dev = torch.device(device)
     if fe.unavailable(device) is not None or not _serialized_route(dev) or int(conv.attrs.get("groups", 1)) != 1:
         return False
@@ -583,38 +568,9 @@ def prefetch(conv: Node, epilogue: Sequence[Node], inputs: Sequence[Node], devic
         epi = classify(conv, epilogue, inputs)
     except NotServed:
         return False
-    cudnn = fe._load()[0]
-    recipes = tuple(recipes_for(epi))
-    key = _store_key(recipes, cudnn)
-    if plan_key(epi, cudnn, dev) in _BUILT or recipes in _PENDING or key is None or plans.load(key) is not None:
+    if plan_key(epi, fe._load()[0], dev) in _BUILT:
         return False
-    workers = build_workers.pool()
-    if workers is None:
-        return False
-    _PENDING[recipes] = workers.submit("fusegraph.backends.cudnn_plans:build_serialized", list(recipes), MAX_PLANS,
-                                       _device_index(dev))
-    return True
-
-
-def _fetch(recipes: Sequence[plans.ConvRecipe], device: torch.device, name: str) -> plans.Built:
-    """The prefetched worker's result, or (none submitted, or the worker failed) built here."""
-    future = _PENDING.pop(tuple(recipes), None)
-    if future is not None:
-        try:
-            built: plans.Built = future.result(timeout=WORKER_TIMEOUT_S)
-            if built.recipe is not None:
-                return built
-            # nothing built there: confirmed here, so a worker's own environment never drops the candidate
-            fe.debug(name, f"the build worker built no plan ({'; '.join(built.failures)[:200]}); trying in-process")
-        except Exception as err:  # the worker died, failed or hangs: build here
-            fe.debug(name, f"build worker failed ({type(err).__name__}: {str(err)[:160]}); building in-process")
-    return plans.build_serialized(recipes, MAX_PLANS, _device_index(device))
-
-
-def _device_index(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return plans.prefetch(recipes_for(epi), MAX_PLANS, dev)
 
 
 def _from_serialized(epi: ConvEpilogue, recipes: Sequence[plans.ConvRecipe], cudnn: Any, handle: Any,
@@ -622,7 +578,7 @@ def _from_serialized(epi: ConvEpilogue, recipes: Sequence[plans.ConvRecipe], cud
     """The plan from the store (a warm compile: nothing built), or the fastest of the first MAX_PLANS
     execution plans, built serialized (by a worker when prefetched), deserialized here and timed; the
     choice is stored. None when no plan deserializes (the caller builds in-process)."""
-    key = _store_key(recipes, cudnn)
+    key = plans.key_for(recipes, cudnn)
     stored = plans.load(key) if key is not None else None
     if stored is not None and key is not None:
         k, _, blob = stored
@@ -630,7 +586,7 @@ def _from_serialized(epi: ConvEpilogue, recipes: Sequence[plans.ConvRecipe], cud
             return _ready(plans.deserialize(cudnn, handle, blob), recipes[k], cudnn, handle, device), ""
         except Exception as err:  # another library build, a truncated blob: build it again
             plans.forget(key, f"not loadable ({type(err).__name__}: {str(err)[:120]})")
-    built = _fetch(recipes, device, name)
+    built = plans.fetch(recipes, MAX_PLANS, device, name)
     if built.recipe is None:
         return None, f"fused conv epilogue plan ({epi.describe()}) build failed: " + "; ".join(built.failures)
     recipe = recipes[built.recipe]
@@ -701,13 +657,6 @@ def _report_choice(name: str, best: int, result: Any) -> None:
         print(f"[fusegraph] {name}: cuDNN fused conv plan {best} ({result.source}; timed ms: {timed or '-'})")
 
 
-def _cudnn_version(cudnn: Any) -> str:
-    try:
-        return str(cudnn.backend_version())
-    except Exception:  # an older frontend: the module's own version
-        return str(getattr(cudnn, "__version__", "unknown"))
-
-
 MAX_PLANS = 4   # engine configurations timed per graph (each is built: bounded build time)
 
 
@@ -715,7 +664,7 @@ def plan_cache_key(epi: ConvEpilogue, mode: str, vector_dtype: str, cudnn: Any) 
     """What a fused conv graph computes, for the tuning cache: the plan_key fields, the graph's form
     and the cuDNN library version (engine lists differ between versions)."""
     conv = epi.conv
-    version = _cudnn_version(cudnn)
+    version = plans.cudnn_version(cudnn)
     return {"conv": repr(conv.attrs), "x": str(conv.inputs[0].spec), "w": str(conv.inputs[1].spec),
             "dtype": conv.dtype, "epilogue": epi.describe(), "residual": None if epi.residual is None
             else str(epi.residual.spec), "out": str(epi.out.spec), "mode": mode, "vectors": vector_dtype,

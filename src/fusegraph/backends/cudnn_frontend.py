@@ -261,8 +261,10 @@ def _shared_sdpa(key: str, node: Node, problem: Any, device: str, name: str) -> 
         if found is None:
             try:
                 backward = node.op == "sdpa_backward"
-                found = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device))
+                found, keep = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device),
+                                                                                name)
                 (_check_sdpa_backward if backward else _check_sdpa)(found, node, problem, device, name)
+                keep()   # checked: the plans go to the store for the next process
             except Exception as err:  # build failure, or results that differ from torch's: not offered
                 found = f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}"
                 debug(name, found)
@@ -323,106 +325,168 @@ def _with_causal(op: Any, cudnn: Any, kw: dict[str, Any], causal: bool) -> Any:
         return op(**kw, diagonal_band_right_bound=0, diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT)
 
 
-def _sdpa_plan(node: Node, problem: Any, device: torch.device) -> Launch:
+def _layout(node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(node.spec.shape), tuple(node.spec.memory_strides)
+
+
+def _stats_layout(q_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """cuDNN's softmax statistics [B, H, Sq, 1], dense fp32: the same memory as our lse [B, H, Sq]."""
+    shape = (*q_shape[:-1], 1)
+    return shape, tuple(strides_for_order(shape, (0, 1, 2, 3)))
+
+
+def sdpa_recipes(node: Node, problem: Any) -> list[Any]:
+    """The cuDNN graphs of an attention node as plain values (backends/cudnn_plans.SdpaRecipe): a
+    forward's one graph; a backward's graph, after the forward that recomputes out and the
+    statistics when the node does not have them (has_lse)."""
+    from .cudnn_plans import SdpaRecipe
+
+    scale, causal = float(problem.scale), bool(problem.causal)
+    if node.op != "sdpa_backward":
+        q, k, v = (_layout(i) for i in node.inputs[:3])
+        stats = _stats_layout(q[0]) if node.attrs.get("return_lse", False) else None
+        out = node.specs[0]   # (the lse, with return_lse, is the statistics output)
+        o = (tuple(out.shape), tuple(out.memory_strides))
+        return [SdpaRecipe(False, q, k, v, o, stats, None, None, node.inputs[0].dtype, scale, causal)]
+    dout, q, k, v = (_layout(i) for i in node.inputs[:4])
+    has_lse = bool(node.attrs.get("has_lse", False))
+    o_shape = (*q[0][:-1], v[0][-1])
+    o = _layout(node.inputs[4]) if has_lse else (o_shape, tuple(strides_for_order(o_shape, (0, 1, 2, 3))))
+    stats = _stats_layout(q[0])
+    dtype = _q(node).dtype
+    grads = tuple((tuple(s.shape), tuple(s.memory_strides)) for s in node.specs)
+    backward = SdpaRecipe(True, q, k, v, o, stats, dout, grads, dtype, scale, causal)   # type: ignore[arg-type]
+    if has_lse:
+        return [backward]
+    return [SdpaRecipe(False, q, k, v, o, stats, None, None, dtype, scale, causal), backward]
+
+
+def prefetch_sdpa(node: Node, device: str) -> int:
+    """Submit an attention node's cuDNN graphs to the build workers (backends/build_workers.py),
+    ahead of its kernel's build; how many were submitted (none when the frontend does not serve the
+    node, its graphs are built or stored, or the node is launch-bound: its build then tries torch's
+    backends first)."""
+    from ..ir.registry import get_op
+    from ..runtime.kernel import Kernel
+    from ..tune.autotuner import floor_ms_of, launch_bound
+    from . import cudnn_plans
+    from .attention_kernel import attention_problem
+
+    problem = attention_problem(node)
+    if unavailable(device) is not None or sdpa_unsupported(node, problem) is not None:
+        return 0
+    if _sdpa_key(node, problem, device) in _SDPA_BUILT:
+        return 0
+    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
+    shape = Kernel(name=node.name, kind="attention", backend="cudnn", nodes=(node,), inputs=tuple(node.inputs),
+                   outputs=(node,), cost=cost, launch=lambda args: [])
+    if settings.autotune and launch_bound(floor_ms_of(shape)):
+        return 0
+    return sum(cudnn_plans.prefetch([recipe], 1, torch.device(device)) for recipe in sdpa_recipes(node, problem))
+
+
+def _recipe_plan(recipe: Any, device: torch.device, name: str) -> tuple[FrontendPlan, dict[str, Any],
+                                                                         Callable[[], None]]:
+    """(plan, its graph tensors by role, keep): the graph of `recipe` from the plan store (a warm
+    compile: deserialized, nothing built), else built serialized (by a build worker when prefetched)
+    and deserialized here; `keep()` stores it once the caller has checked it. Where that route
+    fails (a frontend that cannot serialize the engine), the graph is built here directly."""
+    from . import cudnn_plans as plans
+
     cudnn = _load()[0]
-    dt = _data_type(cudnn, node.inputs[0].dtype)
-    with_lse = bool(node.attrs.get("return_lse", False))
     handle = _handle(cudnn, device)
-    graph = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-    specs = [i.spec for i in node.inputs[:3]]
-    q, k, v = (graph.tensor(name=n, dim=list(s.shape), stride=list(s.memory_strides), data_type=dt)
-               for n, s in zip("qkv", specs, strict=True))
-    out, stats = _causal_sdpa(graph, cudnn, q, k, v, float(problem.scale), bool(problem.causal), stats=with_lse)
-    out_spec = node.specs[0]
-    out_shape, out_strides = out_spec.shape, out_spec.memory_strides
-    out.set_output(True).set_data_type(dt).set_dim(list(out_shape)).set_stride(list(out_strides))
-    lse_shape = out_shape[:-1]
-    if with_lse:  # cuDNN's statistics [B, H, Sq, 1] are our lse [B, H, Sq] (dense, fp32)
-        st_shape = (*lse_shape, 1)
-        stats.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim(list(st_shape)) \
-            .set_stride(list(strides_for_order(st_shape, (0, 1, 2, 3))))
+    uids = dict(zip(recipe.roles(), recipe.uids(), strict=True))
+    try:
+        key = plans.key_for([recipe], cudnn)
+        stored = plans.load(key) if key is not None else None
+        if stored is not None and key is not None:
+            try:
+                return FrontendPlan(cudnn, plans.deserialize(cudnn, handle, stored[2]), handle, device), uids, \
+                    lambda: None
+            except Exception as err:  # another library build, a truncated blob: build it again
+                plans.forget(key, f"not loadable ({type(err).__name__}: {str(err)[:120]})")
+        built = plans.fetch([recipe], 1, device, name)
+        if built.blobs:
+            index = min(built.blobs)
+            blob = built.blobs[index]
+            plan = FrontendPlan(cudnn, plans.deserialize(cudnn, handle, blob), handle, device)
+
+            def keep() -> None:
+                if key is not None:
+                    plans.store(key, 0, index, blob)
+
+            return plan, uids, keep
+        debug(name, f"no serialized {recipe.describe()} plan: {'; '.join(built.failures)[:300]}")
+    except Exception as err:  # anything unexpected in that route: built here below
+        debug(name, f"serialized {recipe.describe()} plan not used: {type(err).__name__}: {str(err)[:200]}")
+    graph, tensors = plans.graph_from_recipe(cudnn, handle, recipe)
     _build(graph, cudnn)
-    plan = FrontendPlan(cudnn, graph, handle, device)
-    in_strides = [s.memory_strides for s in specs]
+    return FrontendPlan(cudnn, graph, handle, device), tensors, lambda: None
+
+
+def _dense_as(args: Sequence[torch.Tensor], strides: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Each tensor in the strides its graph tensor was declared with (copied when they differ)."""
+    return [t if tuple(t.stride()) == tuple(st) else
+            torch.empty_strided(t.shape, st, dtype=t.dtype, device=t.device).copy_(t)
+            for t, st in zip(args, strides, strict=False)]
+
+
+def _sdpa_plan(node: Node, problem: Any, device: torch.device, name: str = "sdpa") -> tuple[Launch, Callable[[], None]]:
+    """(launch, keep) of a forward node: args q, k, v; returns out, or (out, lse) with return_lse."""
+    (recipe,) = sdpa_recipes(node, problem)
+    plan, t, keep = _recipe_plan(recipe, device, name)
+    layouts = [recipe.q[1], recipe.k[1], recipe.v[1]]
+    out_shape, out_strides = recipe.o
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
-        tensors = [t if tuple(t.stride()) == st else torch.empty_strided(t.shape, st, dtype=t.dtype,
-                                                                           device=t.device).copy_(t)
-                   for t, st in zip(args[:3], in_strides, strict=True)]
-        result = torch.empty_strided(out_shape, out_strides, dtype=tensors[0].dtype, device=tensors[0].device)
-        if not with_lse:
-            plan({q: tensors[0], k: tensors[1], v: tensors[2], out: result})
+        q, k, v = _dense_as(args[:3], layouts)
+        result = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
+        bindings = {t["q"]: q, t["k"]: k, t["v"]: v, t["o"]: result}
+        if recipe.stats is None:
+            plan(bindings)
             return [result]
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=result.device)
-        plan({q: tensors[0], k: tensors[1], v: tensors[2], out: result, stats: lse})
+        lse = torch.empty(out_shape[:-1], dtype=torch.float32, device=result.device)
+        plan({**bindings, t["stats"]: lse})
         return [(result, lse)]
 
-    return launch
+    return launch, keep
 
 
-def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device) -> Launch:
-    """Args: grad_out, q, k, v, out[, lse]. cuDNN's backward reads the forward's softmax statistics:
-    with has_lse they are the forward's own lse (natural log, [B, H, Sq] fp32, as cuDNN keeps them)
-    and out is the forward's; without, a forward plan recomputes both first (as torch's backward does)."""
-    cudnn = _load()[0]
-    dt = _data_type(cudnn, _q(node).dtype)
-    fp32 = cudnn.data_type.FLOAT
-    has_lse = bool(node.attrs.get("has_lse", False))
-    handle = _handle(cudnn, device)
-    specs = [i.spec for i in node.inputs[1:4]]
-    dout_spec = node.inputs[0].spec
-    o_shape = (*specs[0].shape[:-1], specs[2].shape[-1])
-    o_strides = node.inputs[4].spec.memory_strides if has_lse else strides_for_order(o_shape, (0, 1, 2, 3))
-    st_shape = (*specs[0].shape[:-1], 1)
-    st_strides = strides_for_order(st_shape, (0, 1, 2, 3))
-
-    def new_graph() -> Any:
-        return cudnn.pygraph(io_data_type=dt, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
-
-    def inputs(graph: Any) -> list[Any]:
-        return [graph.tensor(name=n, dim=list(s.shape), stride=list(s.memory_strides), data_type=dt)
-                for n, s in zip("qkv", specs, strict=True)]
-
-    fwd_plan: FrontendPlan | None = None
-    if not has_lse:
-        fwd = new_graph()
-        fq, fk, fv = inputs(fwd)
-        fo, fstats = _causal_sdpa(fwd, cudnn, fq, fk, fv, float(problem.scale), bool(problem.causal), stats=True)
-        fo.set_output(True).set_data_type(dt).set_dim(list(o_shape)).set_stride(list(o_strides))
-        fstats.set_output(True).set_data_type(fp32).set_dim(list(st_shape)).set_stride(list(st_strides))
-        _build(fwd, cudnn)
-        fwd_plan = FrontendPlan(cudnn, fwd, handle, device)
-    bwd = new_graph()
-    bq, bk, bv = inputs(bwd)
-    bo = bwd.tensor(name="o", dim=list(o_shape), stride=list(o_strides), data_type=dt)
-    bdo = bwd.tensor(name="dO", dim=list(dout_spec.shape), stride=list(dout_spec.memory_strides), data_type=dt)
-    bstats = bwd.tensor(name="stats", dim=list(st_shape), stride=list(st_strides), data_type=fp32)
-    kw = {"name": "sdpa_backward", "q": bq, "k": bk, "v": bv, "o": bo, "dO": bdo, "stats": bstats,
-          "attn_scale": float(problem.scale)}
-    grads = _with_causal(bwd.sdpa_backward, cudnn, kw, bool(problem.causal))
-    grad_specs = list(node.specs)
-    for t, spec in zip(grads, grad_specs, strict=True):
-        t.set_output(True).set_data_type(dt).set_dim(list(spec.shape)).set_stride(list(spec.memory_strides))
-    _build(bwd, cudnn)
-    bwd_plan = FrontendPlan(cudnn, bwd, handle, device)
-    wanted = [dout_spec.memory_strides, *(s.memory_strides for s in specs)] + ([o_strides] if has_lse else [])
+def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device,
+                        name: str = "sdpa_backward") -> tuple[Launch, Callable[[], None]]:
+    """(launch, keep) of a backward node: args grad_out, q, k, v, out[, lse]. cuDNN's backward reads
+    the forward's softmax statistics: with has_lse they are the forward's own lse (natural log,
+    [B, H, Sq] fp32, as cuDNN keeps them) and out is the forward's; without, a forward graph
+    recomputes both first (as torch's backward does)."""
+    recipes = sdpa_recipes(node, problem)
+    built = [_recipe_plan(r, device, name) for r in recipes]
+    *fwd, (bwd_plan, bt, _) = built
+    recipe = recipes[-1]
+    has_lse = not fwd
+    o_shape, o_strides = recipe.o
+    st_shape, st_strides = recipe.stats
+    wanted = [recipe.d_o[1], recipe.q[1], recipe.k[1], recipe.v[1]] + ([o_strides] if has_lse else [])
+    grad_layouts = recipe.grads
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
-        grad, q, k, v, *rest = (t if tuple(t.stride()) == st else torch.empty_strided(
-            t.shape, st, dtype=t.dtype, device=t.device).copy_(t) for t, st in zip(args, wanted, strict=False))
+        grad, q, k, v, *rest = _dense_as(args, wanted)
         if has_lse:
             o, stats = rest[0], args[5].float().contiguous()
         else:
-            assert fwd_plan is not None
+            fwd_plan, ft, _ = fwd[0]
             o = torch.empty_strided(o_shape, o_strides, dtype=q.dtype, device=q.device)
             stats = torch.empty_strided(st_shape, st_strides, dtype=torch.float32, device=q.device)
-            fwd_plan({fq: q, fk: k, fv: v, fo: o, fstats: stats})
-        outs = [torch.empty_strided(s.shape, s.memory_strides, dtype=q.dtype, device=q.device) for s in grad_specs]
-        bwd_plan({bq: q, bk: k, bv: v, bo: o, bdo: grad, bstats: stats, **dict(zip(grads, outs, strict=True))})
+            fwd_plan({ft["q"]: q, ft["k"]: k, ft["v"]: v, ft["o"]: o, ft["stats"]: stats})
+        outs = [torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device) for shape, strides in grad_layouts]
+        bwd_plan({bt["q"]: q, bt["k"]: k, bt["v"]: v, bt["o"]: o, bt["dO"]: grad, bt["stats"]: stats,
+                  bt["dq"]: outs[0], bt["dk"]: outs[1], bt["dv"]: outs[2]})
         return [tuple(outs)]
 
-    return launch
+    def keep() -> None:
+        for _, _, kept in built:
+            kept()
+
+    return launch, keep
 
 
 def _check_sdpa_backward(launch: Launch, node: Node, problem: Any, device: str, name: str) -> None:

@@ -12,7 +12,8 @@ is checked and timed against), a convolution's own Triton candidates (backends/t
 the inner GEMM plan of a 1x1 convolution (conv_gemm_warmup_jobs) and the Triton attention kernels of
 attention nodes (each distinct launch of their candidate configs, backends/attention_kernel.
 attention_warmup_jobs); the rest (library plans) is built where its kernel is built.
-Before those, the conv groups' fused cuDNN plans go to build worker processes (prefetch_library_plans).
+Before those, the cuDNN graphs of conv groups and attention nodes go to build worker processes
+(prefetch_library_plans).
 The kernels' builds start while the batch compiles (settings.stream_compiles), each waiting only for
 the kernels it launches. Never raises: a failure here shows again, with its message, where the kernel
 is built.
@@ -116,18 +117,23 @@ def conv_gemm_warmup_jobs(group: Any, k: int, device: str, compute_dtype: str, s
 
 
 def prefetch_library_plans(items: Sequence[Any], device: str) -> int:
-    """Start the conv groups' fused cuDNN plan builds in build workers (backends/build_workers.py),
-    ahead of the kernels' own builds, which take the results; returns how many were submitted."""
+    """Start the cuDNN graph builds of the conv groups (fused conv + epilogue) and attention nodes
+    (SDPA forward and backward) in build workers (backends/build_workers.py), ahead of the kernels'
+    own builds, which take the results; returns how many were submitted."""
     from ..fusion.epilogue import ConvGroup
+    from ..ir.node import Node
     from .conv_kernel import prefetch_library_plans as prefetch
+    from .cudnn_frontend import prefetch_sdpa
 
     submitted = 0
     for item in items:
-        if isinstance(item, ConvGroup):
-            try:
+        try:
+            if isinstance(item, ConvGroup):
                 submitted += prefetch(item, device)
-            except Exception as err:  # the kernel's own build builds it in-process
-                log.debug("cuDNN plan of %s not prefetched: %s: %s", item.compute.name, type(err).__name__, err)
+            elif isinstance(item, Node) and item.op in ATTENTION_OPS:
+                submitted += prefetch_sdpa(item, device)
+        except Exception as err:  # the kernel's own build builds it in-process
+            log.debug("cuDNN plan of %s not prefetched: %s: %s", getattr(item, "name", item), type(err).__name__, err)
     return submitted
 
 
