@@ -75,3 +75,24 @@ def single_conv_group(x_shape: tuple[int, ...], w_shape: tuple[int, ...], *, act
     (item,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
     assert isinstance(item, ConvGroup)
     return item
+
+
+@pytest.fixture
+def in_process_workers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+    """Build workers that are this process (the stand-in cudnn lives here), on the CPU: each submitted
+    job runs at once, without its device index; the list records (function, args) of each job."""
+    from concurrent.futures import Future
+
+    from fusegraph.backends import build_workers
+
+    jobs: list[tuple[str, tuple[Any, ...]]] = []
+
+    class InProcess:
+        def submit(self, function: str, *args: Any) -> Future[Any]:
+            jobs.append((function, args))
+            done: Future[Any] = Future()
+            done.set_result(build_workers.run_job(function, (*args[:-1], None)))
+            return done
+
+    monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
+    return jobs

@@ -426,22 +426,12 @@ def test_an_sdpa_engine_that_cannot_be_serialized_is_built_directly(plan_store: 
     assert not list((plan_store / "cudnn_plans").glob("*.plan"))
 
 
-def test_sdpa_graphs_are_prefetched_to_the_build_workers(plan_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from concurrent.futures import Future
-
-    from fusegraph.backends import build_workers, cudnn_plans
+def test_sdpa_graphs_are_prefetched_to_the_build_workers(plan_store: Any, monkeypatch: pytest.MonkeyPatch,
+                                                         in_process_workers: list[Any]) -> None:
+    from fusegraph.backends import cudnn_plans
     from fusegraph.tune import autotuner
 
-    jobs: list[tuple[str, tuple[Any, ...]]] = []
-
-    class InProcess:
-        def submit(self, function: str, *args: Any) -> Future[Any]:
-            jobs.append((function, args))
-            done: Future[Any] = Future()
-            done.set_result(build_workers.run_job(function, (*args[:-1], None)))
-            return done
-
-    monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
+    jobs = in_process_workers
     node = _backward_node()
     assert cudnn_frontend.prefetch_sdpa(node, "cuda:0") == 0            # launch-bound: torch's backends first
     monkeypatch.setattr(autotuner, "launch_bound", lambda floor: False)

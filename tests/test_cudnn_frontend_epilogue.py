@@ -529,24 +529,10 @@ def test_a_stored_plan_that_does_not_load_is_built_in_process(monkeypatch: pytes
 
 
 @pytest.mark.usefixtures("serialized_route")
-def test_prefetched_builds_are_taken_from_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    from concurrent.futures import Future
-
-    from fusegraph.backends import build_workers
+def test_prefetched_builds_are_taken_from_the_worker(in_process_workers: list[Any]) -> None:
     from fusegraph.backends.conv_kernel import prefetch_library_plans
 
-    jobs: list[tuple[str, tuple[Any, ...]]] = []
-
-    class InProcess:
-        """A pool whose worker is this process (the stand-in cudnn lives here), on the CPU."""
-
-        def submit(self, function: str, *args: Any) -> Future[Any]:
-            jobs.append((function, args))
-            done: Future[Any] = Future()
-            done.set_result(build_workers.run_job(function, (*args[:-1], None)))
-            return done
-
-    monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
+    jobs = in_process_workers
     groups, _ = _groups(ConvBN("add"))
     group = _main(groups)
     assert prefetch_library_plans(group, "cuda:0")
