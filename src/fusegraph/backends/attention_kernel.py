@@ -119,15 +119,10 @@ def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
     backward's recompute of the forward too, without the forward's lse). [] when the kernels do not
     cover the problem, off the GPU, or when the node is launch-bound (its build then tries torch's
     backends first and compiles nothing). Inputs: random, in the strides the plan passes."""
-    from ..tune.autotuner import floor_ms_of, launch_bound
-
     problem = attention_problem(node)
     if not device.startswith("cuda") or attention_supported(problem) is not None or not settings.autotune:
         return []
-    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
-    shape = Kernel(name=node.name, kind="attention", backend="triton", nodes=(node,), inputs=tuple(node.inputs),
-                   outputs=(node,), cost=cost, launch=lambda args: [])
-    if launch_bound(floor_ms_of(shape)):
+    if launch_bound_node(node):
         return []
     backward = node.op == "sdpa_backward"
     has_lse = backward and bool(node.attrs.get("has_lse", False))
@@ -155,6 +150,17 @@ def attention_warmup_jobs(node: Node, device: str) -> list[Callable[[], Any]]:
         return fn.warmup(*args, grid=grid, **consts)   # a handle, as tune/precompile expects of a job
 
     return [functools.partial(job, k, index) for k in range(len(configs)) for index in range(launches)]
+
+
+def launch_bound_node(node: Node) -> bool:
+    """Is the attention node launch-bound by the cost model (tune/autotuner.launch_bound)? Its build
+    then takes the first candidate that runs, torch's backends first, and compiles nothing."""
+    from ..tune.autotuner import floor_ms_of, launch_bound
+
+    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
+    shape = Kernel(name=node.name, kind="attention", backend="triton", nodes=(node,), inputs=tuple(node.inputs),
+                   outputs=(node,), cost=cost, launch=lambda args: [])
+    return launch_bound(floor_ms_of(shape))
 
 
 def distinct_configs(node: Node, problem: AttentionProblem) -> list[dict[str, Any]]:

@@ -366,21 +366,13 @@ def prefetch_sdpa(node: Node, device: str) -> int:
     ahead of its kernel's build; how many were submitted (none when the frontend does not serve the
     node, its graphs are built or stored, or the node is launch-bound: its build then tries torch's
     backends first)."""
-    from ..ir.registry import get_op
-    from ..runtime.kernel import Kernel
-    from ..tune.autotuner import floor_ms_of, launch_bound
     from . import cudnn_plans
-    from .attention_kernel import attention_problem
+    from .attention_kernel import attention_problem, launch_bound_node
 
     problem = attention_problem(node)
     if unavailable(device) is not None or sdpa_unsupported(node, problem) is not None:
         return 0
-    if _sdpa_key(node, problem, device) in _SDPA_BUILT:
-        return 0
-    cost = get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs)
-    shape = Kernel(name=node.name, kind="attention", backend="cudnn", nodes=(node,), inputs=tuple(node.inputs),
-                   outputs=(node,), cost=cost, launch=lambda args: [])
-    if settings.autotune and launch_bound(floor_ms_of(shape)):
+    if _sdpa_key(node, problem, device) in _SDPA_BUILT or (settings.autotune and launch_bound_node(node)):
         return 0
     return sum(cudnn_plans.prefetch([recipe], 1, torch.device(device)) for recipe in sdpa_recipes(node, problem))
 
