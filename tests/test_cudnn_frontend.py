@@ -407,10 +407,12 @@ def test_sdpa_plans_are_stored_once_checked_and_a_new_process_builds_none(plan_s
     assert len(list((plan_store / "cudnn_plans").glob("*.plan"))) == 1       # stored after its check
     monkeypatch.setattr(cudnn_frontend, "_SDPA_BUILT", {})                   # a new process
     monkeypatch.setattr(_FakeGraph, "plans_built", [])
+    checks: list[str] = []
+    monkeypatch.setattr(cudnn_frontend, "_check_sdpa", lambda *a: checks.append("forward"))
     args, (again,) = _run_candidate(node)
     q, k, v = (a.float() for a in args)
     assert_close(again, F.scaled_dot_product_attention(q, k, v, is_causal=True).half(), what="reloaded SDPA")
-    assert _FakeGraph.plans_built == []                                      # deserialized, nothing built
+    assert _FakeGraph.plans_built == [] and checks == []     # deserialized: nothing built, checked when stored
     bwd = _backward_node()                                                   # the recomputing forward + backward
     _run_candidate(bwd)
     assert len(list((plan_store / "cudnn_plans").glob("*.plan"))) == 3

@@ -263,8 +263,9 @@ def _shared_sdpa(key: str, node: Node, problem: Any, device: str, name: str) -> 
                 backward = node.op == "sdpa_backward"
                 found, keep = (_sdpa_backward_plan if backward else _sdpa_plan)(node, problem, torch.device(device),
                                                                                 name)
-                (_check_sdpa_backward if backward else _check_sdpa)(found, node, problem, device, name)
-                keep()   # checked: the plans go to the store for the next process
+                if keep is not None:   # built here: checked against torch, then stored for the next process
+                    (_check_sdpa_backward if backward else _check_sdpa)(found, node, problem, device, name)
+                    keep()
             except Exception as err:  # build failure, or results that differ from torch's: not offered
                 found = f"SDPA plan not offered: {type(err).__name__}: {str(err)[:300]}"
                 debug(name, found)
@@ -378,11 +379,12 @@ def prefetch_sdpa(node: Node, device: str) -> int:
 
 
 def _recipe_plan(recipe: Any, device: torch.device, name: str) -> tuple[FrontendPlan, dict[str, Any],
-                                                                         Callable[[], None]]:
+                                                                         Callable[[], None] | None]:
     """(plan, its graph tensors by role, keep): the graph of `recipe` from the plan store (a warm
-    compile: deserialized, nothing built), else built serialized (by a build worker when prefetched)
-    and deserialized here; `keep()` stores it once the caller has checked it. Where that route
-    fails (a frontend that cannot serialize the engine), the graph is built here directly."""
+    compile: deserialized, nothing built; keep None: it was checked before it was stored, for this
+    GPU and cuDNN version, as the conv plans are), else built serialized (by a build worker when
+    prefetched) and deserialized here; `keep()` stores it once the caller has checked it. Where that
+    route fails (a frontend that cannot serialize the engine), the graph is built here directly."""
     from . import cudnn_plans as plans
 
     cudnn = _load()[0]
@@ -393,8 +395,7 @@ def _recipe_plan(recipe: Any, device: torch.device, name: str) -> tuple[Frontend
         stored = plans.load(key) if key is not None else None
         if stored is not None and key is not None:
             try:
-                return FrontendPlan(cudnn, plans.deserialize(cudnn, handle, stored[2]), handle, device), uids, \
-                    lambda: None
+                return FrontendPlan(cudnn, plans.deserialize(cudnn, handle, stored[2]), handle, device), uids, None
             except Exception as err:  # another library build, a truncated blob: build it again
                 plans.forget(key, f"not loadable ({type(err).__name__}: {str(err)[:120]})")
         built = plans.fetch([recipe], 1, device, name)
@@ -423,8 +424,10 @@ def _dense_as(args: Sequence[torch.Tensor], strides: Sequence[tuple[int, ...]]) 
             for t, st in zip(args, strides, strict=False)]
 
 
-def _sdpa_plan(node: Node, problem: Any, device: torch.device, name: str = "sdpa") -> tuple[Launch, Callable[[], None]]:
-    """(launch, keep) of a forward node: args q, k, v; returns out, or (out, lse) with return_lse."""
+def _sdpa_plan(node: Node, problem: Any, device: torch.device,
+               name: str = "sdpa") -> tuple[Launch, Callable[[], None] | None]:
+    """(launch, keep) of a forward node: args q, k, v; returns out, or (out, lse) with return_lse.
+    keep (_recipe_plan): None when the plan came from the store, else what stores it once checked."""
     (recipe,) = sdpa_recipes(node, problem)
     plan, t, keep = _recipe_plan(recipe, device, name)
     layouts = [recipe.q[1], recipe.k[1], recipe.v[1]]
@@ -445,7 +448,7 @@ def _sdpa_plan(node: Node, problem: Any, device: torch.device, name: str = "sdpa
 
 
 def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device,
-                        name: str = "sdpa_backward") -> tuple[Launch, Callable[[], None]]:
+                        name: str = "sdpa_backward") -> tuple[Launch, Callable[[], None] | None]:
     """(launch, keep) of a backward node: args grad_out, q, k, v, out[, lse]. cuDNN's backward reads
     the forward's softmax statistics: with has_lse they are the forward's own lse (natural log,
     [B, H, Sq] fp32, as cuDNN keeps them) and out is the forward's; without, a forward graph
@@ -476,9 +479,10 @@ def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device,
 
     def keep() -> None:
         for _, _, kept in built:
-            kept()
+            if kept is not None:
+                kept()
 
-    return launch, keep
+    return launch, None if all(kept is None for _, _, kept in built) else keep
 
 
 def _check_sdpa_backward(launch: Launch, node: Node, problem: Any, device: str, name: str) -> None:
