@@ -115,8 +115,8 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
     kernels: list[Kernel] = []
     items, aliases = plan_items(graph)
     mark("partition")
-    with precompile_plan(items, device, options, graph.compute_dtype):  # Triton candidates compile at once,
-        mark("precompile (parallel)")                                   # in parallel, while the kernels build
+    with precompile_plan(items, device, options, graph.compute_dtype):  # Triton candidates compile at once, in
+        mark("precompile (parallel)")                                   # parallel (streamed: as the kernels build)
         for k, item in enumerate(items):
             built = len(kernels)
             if isinstance(item, MatmulGroup):
