@@ -266,6 +266,18 @@ def test_usable_cpus_follow_the_affinity_mask_and_the_cgroup_quota(tmp_path, cpu
     assert usable_cpus(str(path)) == (mask if cap is None else min(mask, cap))
 
 
+def test_the_triton_warmup_computes_tritons_cache_key():
+    """Triton's key of its own files (hashing its library) is computed by the warmup thread, not by
+    the first compiles (without a GPU the driver start fails quietly; the key is still computed)."""
+    from triton.runtime.cache import triton_key
+
+    from fusegraph.tune.precompile import _warm_triton
+
+    triton_key.cache_clear()
+    _warm_triton()
+    assert triton_key.cache_info().currsize == 1
+
+
 def test_one_thread_runs_jobs_in_order():
     seen: list[int] = []
     errors = compile_in_parallel([lambda k=k: seen.append(k) for k in range(3)], threads=1)
