@@ -1,8 +1,10 @@
 """Where a warm compile's time goes: the GPT-2 training step or ResNet-50 inference through
 `fg.compile`, first in a fresh process on empty cache dirs (cold), then in a second process on the
-same dirs (warm: tuning choices and Triton binaries on disk), one of them under cProfile.
+same dirs (warm: tuning choices and Triton binaries on disk), one of them under cProfile (by
+default the warm one, which that slows: `--profiled none` for unprofiled figures of both).
 
-    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50] [--profiled cold|warm] [--top 40]
+    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50]
+                                                    [--profiled cold|warm|none] [--top 40]
 
 Prints the wall seconds of each first call (compile included) and the profiled build's top functions
 by cumulative time; the full stats go to $OUT/<cold|warm>_compile_<workload>.prof when OUT is set.
@@ -87,8 +89,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--profiled", choices=("cold", "warm"), default="warm",
-                        help="which of the two first calls runs under cProfile")
+    parser.add_argument("--profiled", choices=("cold", "warm", "none"), default="warm",
+                        help="which of the two first calls runs under cProfile (which slows its Python-heavy "
+                             "parts: compare a profiled call only with other profiled calls)")
     parser.add_argument("--build-profile", action="store_true",
                         help="FUSEGRAPH_PROFILE_BUILD=1 in both: each plan build's stages and kernels, "
                              "saved as $OUT/<cold|warm>_build_profile_<workload>.txt")
@@ -129,6 +132,8 @@ def main() -> int:
                 with open(listing, "w") as f:
                     f.write(_choices(os.path.join(root, "fg", "tune")))
                 print(f"  tuning choices in {listing}", flush=True)
+    if args.profiled == "none":
+        return 0
     import pstats
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)
