@@ -1,9 +1,11 @@
-"""`fusegraph cache info` and `fusegraph cache clear`: look at and empty the tuning cache."""
+"""`fusegraph cache info|clear|export|import`: look at, empty and carry the tuning cache."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections import Counter
 from typing import Any
 
@@ -26,6 +28,22 @@ def add_parser(subparsers: Any) -> None:
                        help="remove only entries from other library versions and unreadable ones")
     clear.add_argument("--name", metavar="KERNEL", help="remove only the entries of this kernel")
     clear.set_defaults(func=run_clear)
+
+    export = cache_sub.add_parser("export", help="write the tuning choices and chosen cuDNN plans to one file, "
+                                  "for another machine with the same GPU and libraries",
+                                  description="Writes a cache bundle (tune/bundle.py): the tuning entries and "
+                                  "chosen cuDNN plans of this machine, and with --triton Triton's compiled "
+                                  "kernels. `fusegraph cache import` on another machine adds them to its caches.")
+    export.add_argument("path", help="the bundle to write (a .tar.gz)")
+    export.add_argument("--triton", action="store_true",
+                        help="include Triton's compiled kernels (its whole cache directory: can be large)")
+    export.set_defaults(func=run_export)
+
+    imp = cache_sub.add_parser("import", help="add a cache bundle's entries to this machine's caches",
+                               description="Adds the entries of a bundle made by `fusegraph cache export`, "
+                               "never replacing one this machine has; entries that do not parse are skipped.")
+    imp.add_argument("path", help="the bundle to read")
+    imp.set_defaults(func=run_import)
 
 
 def cache_summary(cache: TuneCache) -> dict[str, Any]:
@@ -78,6 +96,36 @@ def run_clear(args: argparse.Namespace) -> int:
     if not args.stale and not args.name:   # the chosen cuDNN plans are tuning results too
         plans = cudnn_plans.clear()
         print(f"removed {plans} cuDNN plan{'' if plans == 1 else 's'} from {cudnn_plans.directory()}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .bundle import export_bundle
+
+    try:
+        manifest = export_bundle(args.path, triton=args.triton)
+    except OSError as err:
+        print(f"error: cannot write {args.path}: {err}", file=sys.stderr)
+        return 1
+    extra = f", {manifest['triton_files']} Triton cache files" if args.triton else ""
+    print(f"wrote {args.path}: {manifest['tune']} tuning entries, {manifest['cudnn_plans']} cuDNN plans{extra} "
+          f"({_size(os.path.getsize(args.path))})")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from ..errors import InvalidValueError
+    from .bundle import import_bundle
+
+    try:
+        got = import_bundle(args.path)
+    except InvalidValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"imported {args.path}: {got['added']} added, {got['kept']} already here (kept), "
+          f"{got['skipped']} unreadable (skipped)")
+    for warning in got["warnings"]:
+        print(f"warning: {warning}")
     return 0
 
 
