@@ -45,6 +45,8 @@ def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         group.mkdir(parents=True)
         (group / "fg_softmax.cubin").write_bytes(b"\x7fELF cubin")
         (group / "fg_softmax.json").write_text("{}")
+        (triton_dirs["a"] / "LAUNCHER99").mkdir()
+        (triton_dirs["a"] / "LAUNCHER99" / "launcher.so").write_bytes(b"host code")   # not carried
     return on, triton_dirs
 
 
@@ -63,6 +65,7 @@ def test_round_trip_to_an_empty_machine(machines: Any, tmp_path: Path, capsys: p
         assert got is not None and got.config == CANDIDATES[1]
         assert cudnn_plans.load(cudnn_plans.store_key([], GPU, "91900")) == (0, 2, b"serialized plan bytes")
         assert (triton_dirs["b"] / "ABCDEF0123" / "fg_softmax.cubin").read_bytes() == b"\x7fELF cubin"
+        assert not (triton_dirs["b"] / "LAUNCHER99").exists()
         assert main(["cache", "import", str(path)]) == 0                      # again: nothing replaced
         assert "0 added, 5 already here (kept)" in capsys.readouterr().out
 

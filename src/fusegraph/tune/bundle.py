@@ -8,12 +8,15 @@ GPU model and libraries, whose first compile then takes the choices instead of t
 A bundle is a gzipped tar: `manifest.json` (schema, library versions, GPU, what it holds), then
 `tune/<sha256>.json` (autotuner entries, tune/cache.py), `cudnn_plans/<sha256>.plan` (chosen cuDNN
 plans, backends/cudnn_plans.py) and, with --triton, `triton/<hash>/<file>` (Triton's cache groups:
-compiled kernels and their metadata). Every entry keeps the key it was made under (GPU, library
-versions), so an entry from another GPU or library build is simply never used; importing into such a
-machine says so. Importing never overwrites a local entry (this machine's own choices stay), checks
-each entry as the cache would read it (an entry that does not parse is skipped and counted), writes
-each file atomically, and refuses archive members that are not plain files at the expected places
-(a path leaving the cache directory, a link, a device).
+compiled kernels and their metadata; not the host-compiled launcher and driver modules, `.so` files
+built for this machine's Python and C library, which the other machine builds itself).
+
+Every entry keeps the key it was made under (GPU, library versions), so an entry from another GPU
+or library build is simply never used; importing into such a machine says so. Importing never
+overwrites a local entry (this machine's own choices stay), checks each entry as the cache would
+read it (an entry that does not parse is skipped and counted), writes each file atomically, and
+refuses archive members that are not plain files at the expected places (a path leaving the cache
+directory, a link, a device).
 """
 
 from __future__ import annotations
@@ -185,7 +188,7 @@ def _triton_files() -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.glob("*/*") if p.is_file() and not p.name.startswith(".")
-                  and not p.name.endswith(".tmp") and _SAFE_PART.match(p.parent.name) and _SAFE_PART.match(p.name))
+                  and p.suffix not in (".tmp", ".so") and _SAFE_PART.match(p.parent.name) and _SAFE_PART.match(p.name))
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
