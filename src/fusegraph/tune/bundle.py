@@ -68,17 +68,22 @@ def export_bundle(path: str | os.PathLike[str], *, triton: bool = False) -> dict
         "cudnn_plans": len(plan_files),
         "triton_files": len(triton_files),
     }
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        _add_bytes(tar, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        for file in tune_files:
-            tar.add(file, arcname=f"tune/{file.name}", recursive=False)
-        for file in plan_files:
-            tar.add(file, arcname=f"cudnn_plans/{file.name}", recursive=False)
-        root = triton_cache_dir()
-        for file in triton_files:
-            tar.add(file, arcname=f"triton/{file.relative_to(root).as_posix()}", recursive=False)
-    write_atomically(Path(path), buffer.getvalue())
+    root = triton_cache_dir()
+    members = [(f, f"tune/{f.name}") for f in tune_files] + [(f, f"cudnn_plans/{f.name}") for f in plan_files] \
+        + [(f, f"triton/{f.relative_to(root).as_posix()}") for f in triton_files]
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")   # streamed to disk (a Triton cache can be
+    try:                                                            # large), then renamed into place
+        with tarfile.open(tmp, mode="w:gz") as tar:
+            _add_bytes(tar, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+            for file, name in members:
+                try:
+                    tar.add(file, arcname=name, recursive=False)
+                except FileNotFoundError:   # removed since it was listed (another process cleared it)
+                    continue
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return manifest
 
 
