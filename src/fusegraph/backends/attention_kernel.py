@@ -99,7 +99,10 @@ def attention_kernel(node: Node, name: str, compute_dtype: str, device: str) -> 
         kernel.note = "no attention candidate ran on the example inputs: torch reference"
         _debug(name, kernel.note)
         return kernel
-    kernel.launch = in_spec_strides(node, candidates[chosen])
+    launch = candidates[chosen]
+    if isinstance(launch, cudnn_frontend.LazySdpa):   # the built graph's launch, not the lazy wrapper
+        launch = launch.resolve()
+    kernel.launch = in_spec_strides(node, launch)
     kernel.config = {"candidate": chosen}
     if chosen.startswith("triton"):
         kernel.backend, kernel.source = "triton", _triton_source(backward, chosen)

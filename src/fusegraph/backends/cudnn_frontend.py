@@ -233,15 +233,24 @@ def sdpa_candidate(node: Node, problem: Any, device: str, name: str) -> Launch |
     if why is not None:
         debug(name, why)
         return None
-    key = _sdpa_key(node, problem, device)
-    built: list[Launch] = []
+    return LazySdpa(_sdpa_key(node, problem, device), node, problem, device, name)
 
-    def launch(args: Sequence[torch.Tensor]) -> list[Any]:
-        if not built:
-            built.append(_shared_sdpa(key, node, problem, device, name))
-        return built[0](args)
 
-    return launch
+class LazySdpa:
+    """The frontend SDPA candidate: builds (or takes the process's built) graph at its first call.
+    `resolve()` is the built launch itself, which the chosen kernel keeps (no indirection per call)."""
+
+    def __init__(self, key: str, node: Node, problem: Any, device: str, name: str) -> None:
+        self.key, self.node, self.problem, self.device, self.name = key, node, problem, device, name
+        self.built: Launch | None = None
+
+    def resolve(self) -> Launch:
+        if self.built is None:
+            self.built = _shared_sdpa(self.key, self.node, self.problem, self.device, self.name)
+        return self.built
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[Any]:
+        return self.resolve()(args)
 
 
 _SDPA_BUILT: dict[str, Launch | str] = {}   # key -> the built, checked launch, or why it is not offered

@@ -362,14 +362,31 @@ def load(key: dict[str, Any]) -> tuple[int, int, bytes] | None:
         warnings.warn(f"cannot read cuDNN plan {path}: {err}; building it again", CacheWarning, stacklevel=2)
         return None
     try:
-        head, _, blob = raw.partition(b"\n")
-        header = json.loads(head)
-        if json.dumps(header["key"], sort_keys=True) != json.dumps(key, sort_keys=True) or not blob:
+        stored_key, recipe, plan, blob = parse_entry(raw)
+        if json.dumps(stored_key, sort_keys=True) != json.dumps(key, sort_keys=True):
             raise ValueError("it holds another key")
-        return int(header["recipe"]), int(header["plan"]), blob
-    except (ValueError, KeyError, TypeError) as err:
+        return recipe, plan, blob
+    except ValueError as err:
         forget(key, f"corrupt ({err})")
         return None
+
+
+def parse_entry(raw: bytes) -> tuple[dict[str, Any], int, int, bytes]:
+    """(key, recipe position, plan index, serialized plan) of a stored plan file's bytes; ValueError
+    when they do not parse (also what tune/bundle.py checks before importing one)."""
+    try:
+        head, _, blob = raw.partition(b"\n")
+        header = json.loads(head)
+        if not blob:
+            raise ValueError("no serialized plan after the header")
+        return header["key"], int(header["recipe"]), int(header["plan"]), blob
+    except (KeyError, TypeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{type(err).__name__}: {err}") from err
+
+
+def file_name(key: dict[str, Any]) -> str:
+    """The stored plan's file name for `key` (the hash of the key)."""
+    return _path(key).name
 
 
 def forget(key: dict[str, Any], why: str) -> None:

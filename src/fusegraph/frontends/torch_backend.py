@@ -129,11 +129,11 @@ def direct_inference(inference: dict[str, Any], example_inputs: Sequence[Any]) -
     wrapper would only switch grad mode (and autocast) around it: the ATen graph takes Dynamo's
     arguments as they are (no duplicate inputs merged, no synthetic bases, no effect tokens), keeps its
     input mutations inside (frontends/input_mutation.py) and returns no output that aliases an input
-    or another output (those the wrapper regenerates as views). On this machine's CPU with torch 2.13,
-    whose wrapper is generated code, a small MLP's host time per call moved by -2.3 to +3.0 us, within
-    noise (bench/host_call_cpu.py); torch 2.11's wrapper has more Python layers, unmeasured, so the
-    setting is off by default. None when not eligible (or the setting is off): the caller keeps
-    AOTAutograd's function."""
+    or another output (those the wrapper regenerates as views). On a CPU with torch 2.13, whose
+    wrapper is generated code, a small MLP's host time per call moved within noise
+    (bench/host_call_cpu.py); with torch 2.11 on the H200 the Llama decode step's latency was 2.9%
+    lower (results/ab_decode_direct_inference_20261202_0057.txt), so the setting is on by default.
+    None when not eligible (or the setting is off): the caller keeps AOTAutograd's function."""
     fn, meta = inference.get("fn"), inference.get("meta")
     if not settings.direct_inference or fn is None or meta is None:
         return None

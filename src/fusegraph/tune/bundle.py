@@ -177,14 +177,13 @@ def _tune_entry_ok(data: bytes, target: Path) -> bool:
 
 
 def _plan_ok(data: bytes, target: Path) -> bool:
-    """A plan file names its key in a JSON header line, whose hash is the file's name."""
+    """A stored plan file that parses, named for the key in its header."""
     from ..backends import cudnn_plans
 
-    head, _, blob = data.partition(b"\n")
     try:
-        header = json.loads(head)
-        return bool(blob) and cudnn_plans._path(header["key"]).name == target.name
-    except (ValueError, KeyError, TypeError):
+        key = cudnn_plans.parse_entry(data)[0]
+        return cudnn_plans.file_name(key) == target.name
+    except (ValueError, TypeError):
         return False
 
 
