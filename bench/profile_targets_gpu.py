@@ -130,6 +130,35 @@ def range_table(fn: Callable[[], Any], rows: int) -> str:
 
 
 RANGES = False   # --ranges: also group device work by the fusegraph range it was issued in (range_table)
+EXPLAIN = 0      # --explain N: each plan's N kernels furthest above their roofline floor (explain_table)
+
+
+def explain_table(fn: Any, top: int) -> str:
+    """Per fusegraph plan of the call (forward, backward, ...), each kernel timed alone on random
+    inputs (perf/explain.analyze_plan: what plan.explain() measures) against its roofline floor; the
+    `top` kernels with the most time above their floor, and the plan's totals."""
+    from fusegraph.perf.explain import analyze_plan
+
+    report = getattr(fn, "fusegraph_report", None) or getattr(getattr(fn, "run", None), "fusegraph_report", None)
+    if report is None:
+        return "   (no fusegraph report)"
+    lines = []
+    for graph in report.graphs:
+        for part in graph.partitions:
+            plan = part.plan
+            if plan is None:
+                continue
+            rep = analyze_plan(plan, measure=True)
+            measured = rep.total_measured_s or 0.0
+            lines.append(f"   [{graph.kind}] {part.name}: {len(rep.rows)} kernels, {measured * 1e3:.3f} ms timed one "
+                         f"by one, floor {rep.total_floor_s * 1e3:.3f} ms")
+            rows = sorted((r for r in rep.rows if r.measured_s is not None), key=lambda r: -(r.above_floor_s or 0.0))
+            for r in rows[:top]:
+                ops = "; ".join(r.ops)[:110]
+                lines.append(f"     {r.name[:34]:34s} {r.kind + '/' + r.backend:22s} {r.measured_s * 1e3:7.3f} ms "
+                             f"floor {r.floor.seconds * 1e3:7.3f} ({r.pct_of_floor or 0:3.0f}%) "
+                             f"{(r.achieved_bandwidth or 0) / 1e9:6.0f} GB/s  {ops}")
+    return "\n".join(lines)
 
 
 def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
@@ -147,6 +176,8 @@ def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
     if with_plan:
         print(plan_kernels(fn), flush=True)
         print(plan_details(fn, detail_kinds), flush=True)
+    if with_plan and EXPLAIN:
+        print(explain_table(fn, EXPLAIN), flush=True)
 
 
 SKIP: set[str] = set()   # --skip: implementations not run
@@ -219,9 +250,13 @@ def main() -> None:
     parser.add_argument("--ranges", action="store_true",
                         help="build plans with profile ranges (settings.profile_ranges) and group one fusegraph "
                              "call's device work by the range it was issued in (copies, ATen calls: range_table)")
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="time each fusegraph plan kernel alone against its roofline floor and list the N "
+                             "furthest above it per plan (explain_table)")
     args = parser.parse_args()
-    global RANGES
+    global RANGES, EXPLAIN
     RANGES = args.ranges
+    EXPLAIN = args.explain
     if RANGES:
         os.environ["FUSEGRAPH_PROFILE_RANGES"] = "1"
     SKIP.update(name.strip() for name in args.skip.split(",") if name.strip())
