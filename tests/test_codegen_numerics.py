@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fusegraph as fg
-from conftest import assert_close, rand
+from conftest import assert_close, rand, rel_err
+from fusegraph.settings import override
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (rows, cols, max_row_block): the last case holds less than a row in registers -> looped path
@@ -141,8 +142,49 @@ def test_broadcast_row_and_column_vectors() -> None:
     col = g.tensor((5, 1), "float16", "col")
     row = g.tensor((13,), "float32", "row")
     g.where(g.gt(x, 0.0), g.mul(x, col), g.add(x, row)).set_output()
-    _run(g, [rand(2, 5, 13, dtype=torch.float16), rand(5, 1, dtype=torch.float16), rand(13)],
-         expect_kernels=1)
+    with override(round_intermediates=True):   # the fp32 result holds an fp16 product, rounded as the reference does
+        _run(g, [rand(2, 5, 13, dtype=torch.float16), rand(5, 1, dtype=torch.float16), rand(13)],
+             expect_kernels=1)
+
+
+def _tanh_gelu_chain(dtype: str) -> tuple[fg.Graph, fg.Tensor]:
+    g = fg.Graph("gelu_chain")
+    x, dy = g.tensor((8, 96), dtype, "x"), g.tensor((8, 96), dtype, "dy")
+    inner = g.mul(g.add(x, g.mul(g.mul(g.mul(x, x), x), 0.044715)), 0.7978845608028654)
+    gelu = g.mul(g.mul(x, 0.5), g.add(g.tanh(inner), 1.0))
+    out = g.mul(gelu, dy)
+    out.set_output()
+    g.cast(g.mul(out, 2.0), "float32").set_output()   # reads the stored value
+    return g, x
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_intermediates_stay_fp32_unless_asked(dtype: torch.dtype) -> None:
+    """Default: a 16-bit op's result stays fp32 in registers (no round trip per op), so the kernel is
+    closer to the fp32 computation than eager's op-by-op rounding is; a stored value that later ops
+    read is rounded first, so they see what the tensor holds. round_intermediates: every op rounds,
+    as the reference (and eager PyTorch) does."""
+    g, _ = _tanh_gelu_chain(_dt(dtype))
+    feeds = [rand(8, 96, dtype=dtype), rand(8, 96, dtype=dtype)]
+    exact = fg.reference(g)(*feeds)
+    g32, _ = _tanh_gelu_chain("float32")   # what the 16-bit graph approximates
+    truth = fg.reference(g32)(*[f.float() for f in feeds])
+
+    plan = g.build()
+    low = f".to({'tl.float16' if dtype == torch.float16 else 'tl.bfloat16'}).to(tl.float32)"
+    (kernel,) = [k for k in plan.kernels if k.backend == "triton"]
+    assert kernel.source.count(low) == 1, kernel.source          # only the stored product, read again
+    out, doubled = plan(*feeds)
+    assert_close(out, exact[0], what="16-bit output")
+    assert torch.equal(doubled, out.float() * 2.0)                # the stored value, not the fp32 one
+    assert rel_err(out.float(), truth[0]) <= rel_err(exact[0].float(), truth[0])
+
+    with override(round_intermediates=True):
+        rounded = g.build()
+    (kernel,) = [k for k in rounded.kernels if k.backend == "triton"]
+    assert kernel.source.count(low) >= 10
+    for got, want in zip(rounded(*feeds), exact, strict=True):   # a few values an ulp apart (tanh, products)
+        assert_close(got, want, tol=1e-3 if dtype == torch.float16 else 5e-3, what="op-by-op rounding")
 
 
 def test_views_fold_into_indexing() -> None:

@@ -189,6 +189,12 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
           "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
+_register("round_intermediates", bool, lambda: False,
+          "Inside a generated kernel, every fp16/bf16 op's result is rounded to its dtype, as eager PyTorch "
+          "rounds op by op. Off (the default, as Inductor): values stay fp32 in registers from load to store, "
+          "and only explicit casts (a .to(), autocast's and the decompositions' casts) and stores round; closer "
+          "to the fp32 result, and two conversion instructions fewer per op and element (GPT-2's tanh-GELU "
+          "backward is bound by its instructions, not its bytes).")
 _register("share_row_pass", bool, lambda: True,
           "Column reductions (a linear layer's bias gradient, layernorm's weight gradients) run in the pass of "
           "the row kernel whose data they read: also when they only load the same tensors, and several per "

@@ -22,6 +22,7 @@ from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
 from ..ir.spec import contiguous_strides, strides_for_order
+from ..settings import settings
 
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
             "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8",
@@ -91,6 +92,12 @@ class _Writer:
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
 
+    def _read_keys(self) -> set[str]:
+        """Keys of the entries some entry of the group reads."""
+        if not hasattr(self, "_reads"):
+            self._reads = {a for e in self.group.entries for a in e.args}
+        return self._reads
+
     def signature(self, constexprs: list[str]) -> str:
         args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values())
         return ", ".join(args + [f"{c}: tl.constexpr" for c in constexprs])
@@ -154,8 +161,13 @@ class _Writer:
         else:
             args = [self.expr[a] for a in entry.args]
             expr = _op_expr(entry.node, args)
-            low = entry.node.dtype in ("float16", "bfloat16")
-            if low:  # the op's result is a 16-bit value (as in the reference); compute stays fp32
+            # a 16-bit result stays fp32 in registers (Inductor's way) unless it is an explicit cast, a
+            # stored value that later ops here read too (they see what the tensor holds), or
+            # settings.round_intermediates asks for eager's op-by-op rounding; stores always round
+            low = entry.node.dtype in ("float16", "bfloat16") and (
+                entry.node.op == "cast" or settings.round_intermediates
+                or (entry.key in self.out_ptr and entry.key in self._read_keys()))
+            if low:
                 expr = f"({expr}).to({TL_DTYPE[entry.node.dtype]}).to(tl.float32)"
             self.emit(f"{entry.key} = {expr}", indent)
         self.expr[entry.key] = entry.key
