@@ -49,8 +49,7 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
         # deep, and timed (heuristic_config_ok): GPT-2's gelu backward + bias gradient ran at half
         # the bandwidth of the pointwise kernel alone in its first, untimed config
         return [_split_config(rows, cols, kept, red, warps, steps=steps)
-                for kept, red, warps, steps in ((64, 64, 4, 2), (128, 32, 8, 2), (128, 16, 4, 4), (64, 32, 4, 4),
-                                                (256, 16, 8, 2), (64, 64, 4, 8))]
+                for kept, red, warps, steps in SPLIT_STORE_TILES]
     if gen.finish_name:
         return [_split_config(rows, cols, kept, red, warps)
                 for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
@@ -90,6 +89,8 @@ def heuristic_config_ok(gen: GeneratedKernel) -> bool:
     return not ((gen.finish_name and gen.meta.get("full_stores")) or gen.meta.get("row_column"))
 
 
+# tiles of a split column reduction that also stores its elements: (kept, reduced, warps, tiles a program)
+SPLIT_STORE_TILES = ((64, 64, 4, 2), (128, 32, 8, 2), (128, 16, 4, 4), (64, 32, 4, 4), (256, 16, 8, 2), (64, 64, 4, 8))
 TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
 MAX_SPLITS = 256        # partials per column of a split reduction (the finish kernel reads them in one tile)
 

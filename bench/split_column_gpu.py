@@ -1,0 +1,118 @@
+"""GPT-2's tanh-GELU backward with its bias gradient, alone: a pointwise value stored for every
+element (dh, bf16) whose column sums (the bias gradient, fp32) are reduced in the same pass (a split
+column reduction with per-element stores: codegen/column_split.py). Times every tile config of
+codegen/configs.SPLIT_STORE_TILES and of a wider sweep (--sweep), the pointwise kernel alone (dh only),
+and torch.compile (Inductor) of the same function, against the bytes' floor.
+
+    PYTHONPATH=src python bench/split_column_gpu.py [--tokens 8192 --features 3072] [--sweep]
+
+Text to stdout and $OUT/split_column.txt when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import sys
+from contextlib import redirect_stderr
+from typing import Any
+
+import torch
+
+import fusegraph as fg
+from fusegraph.codegen import configs
+from fusegraph.perf.timing import device_time
+from fusegraph.settings import override
+
+C = math.sqrt(2.0 / math.pi)
+SWEEP = ((64, 64, 4, 2), (128, 32, 8, 2), (128, 16, 4, 4), (64, 32, 4, 4), (256, 16, 8, 2), (64, 64, 4, 8),
+         (64, 64, 8, 4), (128, 64, 8, 2), (128, 64, 8, 4), (256, 32, 8, 2), (256, 32, 8, 4), (512, 16, 8, 2),
+         (128, 32, 4, 4), (64, 128, 8, 2), (256, 64, 8, 2), (128, 128, 8, 2), (64, 32, 2, 4), (32, 64, 2, 4))
+
+
+def gelu_backward(dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """d/dh of 0.5 h (1 + tanh(c (h + 0.044715 h^3))) times dy, as autograd writes it (bf16 ops)."""
+    t = torch.tanh(C * (h + 0.044715 * h * h * h))
+    return 0.5 * dy * (1.0 + t) + 0.5 * h * dy * (1.0 - t * t) * C * (1.0 + 3 * 0.044715 * h * h)
+
+
+def with_bias_grad(dy: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dh = gelu_backward(dy, h)
+    return dh, dh.float().sum(0)
+
+
+def graph(tokens: int, features: int, bias: bool) -> fg.Graph:
+    g = fg.Graph("gelu_bwd")
+    dy, h = g.tensor((tokens, features), "bfloat16", "dy"), g.tensor((tokens, features), "bfloat16", "h")
+    t = g.tanh(g.mul(g.add(h, g.mul(g.mul(g.mul(h, h), h), 0.044715)), C))
+    a = g.mul(g.mul(dy, 0.5), g.add(t, 1.0))
+    b = g.mul(g.mul(g.mul(g.mul(h, 0.5), dy), g.sub(1.0, g.mul(t, t))),
+              g.mul(g.add(g.mul(g.mul(h, h), 3 * 0.044715), 1.0), C))
+    dh = g.add(a, b)
+    dh.set_output()
+    if bias:
+        g.sum(g.cast(dh, "float32"), 0).set_output()
+    return g
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--features", type=int, default=3072)
+    parser.add_argument("--sweep", action="store_true", help="time the wider tile sweep, not only the shipped tiles")
+    args = parser.parse_args()
+    out = open(os.path.join(os.environ["OUT"], "split_column.txt"), "a") if os.environ.get("OUT") else None  # noqa: SIM115
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        if out:
+            out.write(text + "\n")
+            out.flush()
+
+    n, f = args.tokens, args.features
+    dy = torch.randn(n, f, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(n, f, device="cuda", dtype=torch.bfloat16)
+    moved = 3 * n * f * 2          # dy, h read; dh written (the bias gradient is n/f times smaller)
+    floor_ms = moved / 4.8e12 * 1e3
+    say(f"# tanh-GELU backward + bias gradient, [{n}, {f}] bf16: {moved / 1e6:.0f} MB moved, floor {floor_ms:.4f} ms "
+        f"at 4.8 TB/s")
+    ref_dh, ref_db = with_bias_grad(dy.float(), h.float())
+
+    def row(name: str, fn: Any, check: bool = True) -> float:
+        ms = device_time(fn, calls=50, repeats=5).ms
+        err = ""
+        if check:
+            got = fn()
+            got = got if isinstance(got, (tuple, list)) else (got,)
+            errs = [float((x.float() - r).norm() / r.norm()) for x, r in zip(got, (ref_dh, ref_db), strict=False)]
+            err = "  rel err " + ", ".join(f"{e:.1e}" for e in errs)
+        say(f"{name:44s} {ms:8.4f} ms  {moved / ms / 1e9:6.0f} GB/s  {100 * floor_ms / ms:4.0f}% of floor{err}")
+        return ms
+
+    inductor = torch.compile(with_bias_grad)
+    row("torch.compile (Inductor): dh + bias grad", lambda: inductor(dy, h))
+    inductor_pw = torch.compile(gelu_backward)
+    row("torch.compile (Inductor): dh only", lambda: inductor_pw(dy, h))
+    pw = graph(n, f, bias=False).build(device="cuda")
+    row(f"fusegraph dh only ({pw.kernels[0].config})", lambda: pw(dy, h))
+
+    tiles = SWEEP if args.sweep else configs.SPLIT_STORE_TILES
+    configs.SPLIT_STORE_TILES = tiles
+    log = io.StringIO()
+    with override(tune="full", debug=2), redirect_stderr(log):
+        plan = graph(n, f, bias=True).build(device="cuda")
+    lines = [ln for ln in log.getvalue().splitlines() if "ROWS" in ln and " ms" in ln]
+    say(f"tile configs timed by the autotuner (each alone, after an L2 flush), {len(lines)}:")
+    for ln in lines:
+        say("   " + ln.strip())
+    kernels = [k for k in plan.kernels if k.backend == "triton"]
+    say(f"fusegraph plan: {len(kernels)} kernel(s), chose {[k.config for k in kernels]}")
+    row("fusegraph dh + bias grad (partials + finish)", lambda: plan(dy, h))
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
