@@ -27,10 +27,15 @@ from fusegraph.perf.timing import device_time
 from fusegraph.settings import override
 
 C = math.sqrt(2.0 / math.pi)
-SWEEP = ((64, 64, 4, 2), (128, 32, 8, 2), (128, 16, 4, 4), (64, 32, 4, 4), (256, 16, 8, 2), (64, 64, 4, 8),
-         (64, 32, 4, 2), (64, 32, 4, 1), (64, 16, 4, 4), (64, 16, 4, 2), (64, 16, 2, 4), (32, 32, 2, 4),
-         (32, 32, 4, 2), (128, 16, 4, 2), (128, 16, 8, 2), (128, 8, 4, 4), (256, 8, 4, 4), (64, 32, 8, 2),
-         (32, 16, 1, 4), (64, 8, 2, 8), (128, 16, 2, 4), (64, 32, 2, 2))
+# (kept, reduced, warps, tiles a program, pipeline stages): codegen/configs.SPLIT_STORE_TILES' form
+SWEEP = tuple((k, r, w, t, st) for k, r, w, t in (
+    (64, 32, 4, 1), (64, 32, 4, 2), (64, 32, 4, 4), (32, 32, 4, 2), (64, 16, 4, 4), (64, 16, 4, 2), (64, 8, 2, 8),
+    (64, 64, 4, 2), (128, 16, 4, 4), (32, 32, 2, 4), (64, 16, 2, 4), (128, 32, 8, 2), (64, 32, 8, 2))
+    for st in ((1, 2, 3) if t > 1 else (1,)))
+# the column sum alone (partials only): (kept, reduced, warps, stages), configs.SPLIT_TILES' form
+SUM_SWEEP = tuple((k, r, w, st) for k, r, w in ((64, 64, 4), (32, 128, 4), (128, 32, 8), (64, 32, 4), (32, 64, 4),
+                                               (64, 64, 8), (128, 64, 8))
+                  for st in (1, 2, 3))
 
 
 def gelu_backward(dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -98,23 +103,28 @@ def main() -> None:
     row("torch.compile (Inductor): dh only", lambda: inductor_pw(dy, h))
     pw = graph(n, f, bias=False).build(device="cuda")
     row(f"fusegraph dh only ({pw.kernels[0].config})", lambda: pw(dy, h))
+    if args.sweep:
+        configs.SPLIT_STORE_TILES, configs.SPLIT_TILES = SWEEP, SUM_SWEEP
+
+    def tuned(g: fg.Graph) -> Any:
+        log = io.StringIO()
+        with override(tune="full", debug=2), redirect_stderr(log):
+            plan = g.build(device="cuda")
+        lines = [ln for ln in log.getvalue().splitlines() if "ROWS" in ln and " ms" in ln]
+        say(f"tile configs timed by the autotuner (each alone, after an L2 flush), {len(lines)}:")
+        for ln in lines:
+            say("   " + ln.strip())
+        return plan
+
     g = fg.Graph("bias_grad")
     g.sum(g.cast(g.tensor((n, f), "bfloat16", "dh"), "float32"), 0).set_output()
-    colsum = g.build(device="cuda")
+    colsum = tuned(g)
     dh = pw(dy, h)
     col_ms = device_time(lambda: colsum(dh), calls=50, repeats=5).ms
     say(f"fusegraph column sum of dh alone ({[k.config for k in colsum.kernels]}): {col_ms:.4f} ms; "
         f"with dh's kernel, two kernels: {col_ms + device_time(lambda: pw(dy, h), calls=50, repeats=5).ms:.4f} ms")
 
-    tiles = SWEEP if args.sweep else configs.SPLIT_STORE_TILES
-    configs.SPLIT_STORE_TILES = tiles
-    log = io.StringIO()
-    with override(tune="full", debug=2), redirect_stderr(log):
-        plan = graph(n, f, bias=True).build(device="cuda")
-    lines = [ln for ln in log.getvalue().splitlines() if "ROWS" in ln and " ms" in ln]
-    say(f"tile configs timed by the autotuner (each alone, after an L2 flush), {len(lines)}:")
-    for ln in lines:
-        say("   " + ln.strip())
+    plan = tuned(graph(n, f, bias=True))
     kernels = [k for k in plan.kernels if k.backend == "triton"]
     say(f"fusegraph plan: {len(kernels)} kernel(s), chose {[k.config for k in kernels]}")
     row("fusegraph dh + bias grad (partials + finish)", lambda: plan(dy, h))

@@ -12,7 +12,7 @@ from ..fusion.partition import Domain, Entry
 from .triton_gen import GeneratedKernel, _full_ancestors, _index_vars, _ReductionWriter, jit_head
 
 FILL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
-CONSTEXPRS = ["ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2"]
+CONSTEXPRS = ["ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2", "STAGES"]
 
 
 class ColumnSplitWriter(_ReductionWriter):
@@ -44,7 +44,9 @@ class ColumnSplitWriter(_ReductionWriter):
                 self.value(e, "rmask", dimvar, 1)
         for e in reduces:
             self.emit(f"acc_{e.key} = tl.full([BLOCK_C, ROWS], {FILL[combine[e.key]]}, tl.float32)")
-        self.emit("for c0 in range(0, CHUNK, BLOCK_C):")
+        # STAGES > 1: Triton's pipeliner loads the next tiles while this one computes (a loop of
+        # dependent tiles otherwise waits for each tile's loads: a quarter of the bandwidth lost)
+        self.emit("for c0 in tl.range(0, CHUNK, BLOCK_C, num_stages=STAGES):")
         wide = ".to(tl.int64)" if self.wide else ""   # reduced index times a large stride
         self.emit(f"cols = (tl.program_id(1) * CHUNK + c0 + tl.arange(0, BLOCK_C)[:, None]){wide}", 2)
         self.emit(f"mask = rmask & (cols < {cols})", 2)

@@ -48,11 +48,10 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
         # a pointwise kernel's worth of traffic and math, so as many programs as one, each a few tiles
         # deep, and timed (heuristic_config_ok): GPT-2's gelu backward + bias gradient ran at half
         # the bandwidth of the pointwise kernel alone in its first, untimed config
-        return [_split_config(rows, cols, kept, red, warps, steps=steps)
-                for kept, red, warps, steps in SPLIT_STORE_TILES]
+        return [_split_config(rows, cols, kept, red, warps, steps=steps, stages=stages)
+                for kept, red, warps, steps, stages in SPLIT_STORE_TILES]
     if gen.finish_name:
-        return [_split_config(rows, cols, kept, red, warps)
-                for kept, red, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 8))]
+        return [_split_config(rows, cols, kept, red, warps, stages=stages) for kept, red, warps, stages in SPLIT_TILES]
     if gen.column:
         side = min(COLUMN_BLOCK, max_block)
         kept = min(next_pow2(rows), side)
@@ -89,8 +88,12 @@ def heuristic_config_ok(gen: GeneratedKernel) -> bool:
     return not ((gen.finish_name and gen.meta.get("full_stores")) or gen.meta.get("row_column"))
 
 
-# tiles of a split column reduction that also stores its elements: (kept, reduced, warps, tiles a program)
-SPLIT_STORE_TILES = ((64, 64, 4, 2), (128, 32, 8, 2), (128, 16, 4, 4), (64, 32, 4, 4), (256, 16, 8, 2), (64, 64, 4, 8))
+# tiles of a split column reduction that also stores its elements: (kept, reduced, warps, tiles a
+# program, pipeline stages of its loop)
+SPLIT_STORE_TILES = ((64, 64, 4, 2, 1), (128, 32, 8, 2, 1), (128, 16, 4, 4, 1), (64, 32, 4, 4, 1), (256, 16, 8, 2, 1),
+                     (64, 64, 4, 8, 1))
+# tiles of a split column reduction (partials only): (kept, reduced, warps, pipeline stages)
+SPLIT_TILES = ((64, 64, 4, 1), (32, 128, 4, 1), (128, 32, 8, 1))
 TARGET_PROGRAMS = 528   # ~4 per SM on an H100/H200: enough to hide memory latency
 MAX_SPLITS = 256        # partials per column of a split reduction (the finish kernel reads them in one tile)
 
@@ -108,9 +111,10 @@ def pointwise_heuristic(extent: int) -> dict[str, Any]:
     return {"BLOCK": block, "num_warps": 8 if block >= 2048 else 4}
 
 
-def _split_config(rows: int, cols: int, kept: int, red: int, warps: int, steps: int = 0) -> dict[str, Any]:
+def _split_config(rows: int, cols: int, kept: int, red: int, warps: int, steps: int = 0,
+                  stages: int = 1) -> dict[str, Any]:
     """A split column reduction: kept x red tiles, CHUNK reduced elements (`steps` tiles when given,
-    else enough splits for TARGET_PROGRAMS programs) per program."""
+    else enough splits for TARGET_PROGRAMS programs) per program, its loop pipelined over `stages`."""
     kept = min(next_pow2(rows), kept)
     blocks = _cdiv(rows, kept)
     if steps:
@@ -120,7 +124,7 @@ def _split_config(rows: int, cols: int, kept: int, red: int, warps: int, steps: 
     chunk = _cdiv(_cdiv(cols, splits), red) * red
     splits = _cdiv(cols, chunk)
     return {"ROWS": kept, "BLOCK_C": red, "CHUNK": chunk, "SPLITS": splits, "SPLITS_P2": next_pow2(splits),
-            "num_warps": warps}
+            "STAGES": stages if chunk > red else 1, "num_warps": warps}
 
 
 def _row_column_configs(rows: int, cols: int, extent: int | None = None) -> list[dict[str, Any]]:
@@ -183,6 +187,7 @@ def launch_parameters(gen: GeneratedKernel,
     blocks = max(1, _cdiv(gen.extent, rows))
     if gen.finish_name:
         consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2")}
+        consts["STAGES"] = int(config.get("STAGES", 1))
         return [(blocks, int(config["SPLITS"])), (blocks,)], consts, warps
     consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent}
     return [(blocks,)], consts, warps
