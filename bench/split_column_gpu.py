@@ -110,11 +110,14 @@ def main() -> None:
         log = io.StringIO()
         with override(tune="full", debug=2), redirect_stderr(log):
             plan = g.build(device="cuda")
-        lines = [ln for ln in log.getvalue().splitlines() if "ROWS" in ln and " ms" in ln]
+        lines = [ln for ln in log.getvalue().splitlines() if "Config(" in ln and " ms" in ln]
         say(f"tile configs timed by the autotuner (each alone, after an L2 flush), {len(lines)}:")
         for ln in lines:
             say("   " + ln.strip())
         return plan
+
+    pw_tuned = tuned(graph(n, f, bias=False))
+    row(f"fusegraph dh only, tune=full ({pw_tuned.kernels[0].config})", lambda: pw_tuned(dy, h))
 
     g = fg.Graph("bias_grad")
     g.sum(g.cast(g.tensor((n, f), "bfloat16", "dh"), "float32"), 0).set_output()
