@@ -2,7 +2,8 @@
 element (dh, bf16) whose column sums (the bias gradient, fp32) are reduced in the same pass (a split
 column reduction with per-element stores: codegen/column_split.py). Times every tile config of
 codegen/configs.SPLIT_STORE_TILES and of a wider sweep (--sweep), the pointwise kernel alone (dh only),
-and torch.compile (Inductor) of the same function, against the bytes' floor.
+and torch.compile (Inductor) of the same function, against the bytes' floor; then a vocabulary-wide
+log-sum-exp (the cross-entropy forward's row statistic), its candidate configs timed.
 
     PYTHONPATH=src python bench/split_column_gpu.py [--tokens 8192 --features 3072] [--sweep]
 
@@ -131,6 +132,24 @@ def main() -> None:
     kernels = [k for k in plan.kernels if k.backend == "triton"]
     say(f"fusegraph plan: {len(kernels)} kernel(s), chose {[k.config for k in kernels]}")
     row("fusegraph dh + bias grad (partials + finish)", lambda: plan(dy, h))
+
+    # the cross-entropy forward's row statistic: log-sum-exp over a vocabulary-wide row (looped, online softmax)
+    vocab = 50257
+    logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16)
+    g = fg.Graph("logsumexp")
+    x = g.cast(g.tensor((n, vocab), "bfloat16", "logits"), "float32")
+    m = g.max(x, dim=1, keepdim=True)
+    g.add(g.log(g.sum(g.exp(g.sub(x, m)), dim=1, keepdim=True)), m).set_output()
+    lse = tuned(g)
+    ms = device_time(lambda: lse(logits), calls=20, repeats=5).ms
+    lse_floor = n * vocab * 2 / 4.8e12 * 1e3
+    ref = torch.logsumexp(logits.float(), dim=1, keepdim=True)
+    err = float((lse(logits) - ref).norm() / ref.norm())
+    say(f"fusegraph log-sum-exp [{n}, {vocab}] bf16 ({[k.config for k in lse.kernels]}): {ms:.4f} ms, floor "
+        f"{lse_floor:.4f} ({100 * lse_floor / ms:.0f}%), rel err {err:.1e}")
+    torch_lse = torch.compile(lambda t: torch.logsumexp(t.float(), dim=1, keepdim=True))
+    torch_ms = device_time(lambda: torch_lse(logits), calls=20, repeats=5).ms
+    say(f"torch.compile (Inductor) log-sum-exp: {torch_ms:.4f} ms")
     if out:
         out.close()
 

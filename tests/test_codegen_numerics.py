@@ -32,7 +32,7 @@ def _run(g: fg.Graph, feeds: list[torch.Tensor], max_row_block: int | None = Non
     if expect_kernels is not None:
         assert len(computed) == expect_kernels
     if max_row_block is not None:
-        assert any("for c0 in range" in k.source for k in computed)
+        assert any("for c0 in tl.range" in k.source for k in computed)
     outs = plan(*feeds)
     refs = fg.reference(g)(*feeds)
     outs = outs if isinstance(outs, tuple) else (outs,)
@@ -236,7 +236,7 @@ def test_layernorm_backward_too_wide_for_one_pass_splits_columns() -> None:
     g = fg.Graph("ln_bwd_two_kernels")
     feeds = _layernorm_backward(g, 24, 40, torch.float32)
     plan = g.build(max_row_block=16)
-    assert len(plan.kernels) == 2 and "for c0 in range" in plan.kernels[0].source
+    assert len(plan.kernels) == 2 and "for c0 in tl.range" in plan.kernels[0].source
     _run(g, feeds, max_row_block=16)
 
 
@@ -261,7 +261,7 @@ def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
     assert len(rows) == 1
     looped = rows[0].source.split("else:")[1]
     # one loop for max, sum of exp and the target logit; one to write the softmax
-    assert looped.count("for c0 in range") == 2 and "m_new" in looped
+    assert looped.count("for c0 in tl.range") == 2 and "m_new" in looped
     x_t = rand(3, 500) * 4
     x_t[:, 450:] += 10    # the max sits in the last chunk: the running sum must be rescaled
     _run(g, [x_t, torch.tensor([1, 470, 499])], max_row_block=64)

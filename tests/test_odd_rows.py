@@ -81,7 +81,7 @@ def test_row_reduction_over_odd_rows_loops_full_chunks_then_the_tail(block_c: in
     g.sum(xf, dim=1).set_output()
     plan = g.build()
     (kernel,) = plan.kernels
-    assert f"range(0, {VOCAB} - {VOCAB} % BLOCK_C, BLOCK_C)" in kernel.source, kernel.source
+    assert f"range(0, {VOCAB} - {VOCAB} % BLOCK_C, BLOCK_C, num_stages=STAGES)" in kernel.source, kernel.source
     assert f"if {VOCAB} % BLOCK_C != 0:" in kernel.source
     xs = rand(5, VOCAB, dtype=torch.float16)
     outs, refs = plan(xs), fg.reference(g)(xs)

@@ -238,9 +238,9 @@ def test_launchers_of_async_compiles_and_of_kernels_already_in_the_jit_cache(mon
 
 
 @pytest.mark.parametrize("extent, block, warps", [
-    (4096 * 4096, 4096, 8),   # 4096 programs
-    (1 << 21, 2048, 8),       # 4096 would launch 512 programs, under 528
-    (1 << 20, 1024, 4),       # 1024 programs of 1024
+    (4096 * 4096, 1024, 4),   # 16384 programs
+    (1 << 21, 1024, 4),       # 2048 programs
+    (1 << 19, 512, 4),        # 1024 would launch 512 programs, under 528
     (1 << 16, 512, 4),        # 128 programs: the narrowest block
     (100, 128, 4),            # a tiny tensor: one program covering it
 ])

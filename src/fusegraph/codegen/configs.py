@@ -56,8 +56,10 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
         side = min(COLUMN_BLOCK, max_block)
         kept = min(next_pow2(rows), side)
         red = min(next_pow2(cols), side)
-        return [{"ROWS": kept, "BLOCK_C": red, "num_warps": 4},
-                {"ROWS": kept, "BLOCK_C": min(next_pow2(cols), 2 * side), "num_warps": 8}]
+        wide = min(next_pow2(cols), 2 * side)
+        return [{"ROWS": kept, "BLOCK_C": red, "num_warps": 4}, {"ROWS": kept, "BLOCK_C": wide, "num_warps": 8},
+                {"ROWS": kept, "BLOCK_C": red, "num_warps": 4, "STAGES": 3},
+                {"ROWS": kept, "BLOCK_C": wide, "num_warps": 8, "STAGES": 3}]
     whole = next_pow2(cols)
     if whole <= max_block:
         rows_per_program = max(1, min(next_pow2(rows), 2048 // whole, 64))
@@ -77,7 +79,10 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
                 out.append(cfg)
         return out
     chunk = min(LOOP_BLOCK, next_pow2(max_block) if next_pow2(max_block) <= max_block else next_pow2(max_block) // 2)
-    return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
+    # the loop over a row's chunks pipelined (STAGES) or not: timed where the floor is worth it
+    return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4},
+            {"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8, "STAGES": 2},
+            {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4, "STAGES": 3}]
 
 
 def heuristic_config_ok(gen: GeneratedKernel) -> bool:
@@ -102,16 +107,17 @@ MAX_SPLITS = 256        # partials per column of a split reduction (the finish k
 
 
 def pointwise_heuristic(extent: int) -> dict[str, Any]:
-    """The untimed pick for a pointwise kernel of `extent` elements: the widest BLOCK (4096 down to
-    512) that still launches TARGET_PROGRAMS programs, 8 warps from 2048 up (>= 8 elements a thread:
-    16-byte loads of bf16), else 4. On the H200 a 4096x4096 bf16 epilogue ran 4096/8 in 28.6 us,
-    2048/4 28.8, 1024/4 29.3 (bench/results/compile_time_20261130_1610.txt); smaller tensors need
-    the narrower blocks to spread over the SMs."""
-    block = 4096
+    """The untimed pick for a pointwise kernel of `extent` elements: BLOCK 1024 and 4 warps (Inductor's
+    default too), narrower blocks while that would launch fewer than TARGET_PROGRAMS programs. On the
+    H200 a 4096x4096 bf16 epilogue ran 4096/8 in 28.6 us, 2048/4 28.8, 1024/4 29.3
+    (bench/results/compile_time_20261130_1610.txt), but GPT-2's tanh-GELU backward, [8192, 3072] bf16,
+    ran 1024/4 in 0.0408 ms and 4096/8 in 0.0440 (split_column_20261202_0420.txt): a kernel with more
+    math a element keeps more of its loads in flight in narrow programs."""
+    block = 1024
     while block > 512 and _cdiv(extent, block) < TARGET_PROGRAMS:
         block //= 2
     block = min(block, max(next_pow2(extent), 16))
-    return {"BLOCK": block, "num_warps": 8 if block >= 2048 else 4}
+    return {"BLOCK": block, "num_warps": 4}
 
 
 def _split_config(rows: int, cols: int, kept: int, red: int, warps: int, steps: int = 0,
@@ -192,5 +198,6 @@ def launch_parameters(gen: GeneratedKernel,
         consts = {k: int(config[k]) for k in ("ROWS", "BLOCK_C", "CHUNK", "SPLITS", "SPLITS_P2")}
         consts["STAGES"] = int(config.get("STAGES", 1))
         return [(blocks, int(config["SPLITS"])), (blocks,)], consts, warps
-    consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent}
+    consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent,
+              "STAGES": int(config.get("STAGES", 1))}
     return [(blocks,)], consts, warps

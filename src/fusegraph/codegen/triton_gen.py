@@ -541,7 +541,7 @@ class _ReductionWriter(_Writer):
         r_tile = "[None, :]" if self.column else "[:, None]"
         c_tile = "[:, None]" if self.column else "[None, :]"
         self.tile = "[BLOCK_C, ROWS]" if self.column else "[ROWS, BLOCK_C]"
-        head = [jit_head(self.name, self.signature(['ROWS', 'BLOCK_C', 'SINGLE']))]
+        head = [jit_head(self.name, self.signature(['ROWS', 'BLOCK_C', 'SINGLE', 'STAGES']))]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
         self.emit(f"rmask = {row_mask(rows, 'ROWS')}")
@@ -648,7 +648,8 @@ class _ReductionWriter(_Writer):
             # from 16-byte-aligned rows become vectors), one tail chunk after them the column mask
             tail = not self.column and cols % 16 != 0
             loop_end = f"{cols} - {cols} % BLOCK_C" if tail else str(cols)
-            self.emit(f"for c0 in range(0, {loop_end}, BLOCK_C):", 2)
+            # STAGES > 1: Triton's pipeliner loads the next chunks while this one computes
+            self.emit(f"for c0 in tl.range(0, {loop_end}, BLOCK_C, num_stages=STAGES):", 2)
             start = len(self.lines)
             self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
             self.emit(f"mask = rmask & (cols < {cols})" if not tail else
