@@ -261,10 +261,36 @@ def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
     assert len(rows) == 1
     looped = rows[0].source.split("else:")[1]
     # one loop for max, sum of exp and the target logit; one to write the softmax
-    assert looped.count("for c0 in tl.range") == 2 and "m_new" in looped
+    assert looped.count("for c0 in tl.range") == 2 and "e_on = tl.exp(-tl.abs(d_on))" in looped
+    body = looped.split("for c0 in tl.range")[1].split("if 500 % BLOCK_C")[0]   # the statistics' loop
+    assert body.count("tl.exp(") == 1                                          # one exp an element
     x_t = rand(3, 500) * 4
     x_t[:, 450:] += 10    # the max sits in the last chunk: the running sum must be rescaled
     _run(g, [x_t, torch.tensor([1, 470, 499])], max_row_block=64)
+
+
+def test_online_log_sum_exp_special_values_match_the_reference() -> None:
+    """The one-exp online update and special values: -inf entries add nothing (also before a lane has
+    seen a finite one); +inf gives NaN and NaN gives NaN, as the reference executor does op by op
+    (inf - inf inside the exp); a row of only -inf gives -inf as torch.logsumexp does (as the online
+    kernels always did), where the op-by-op reference computes exp(-inf - -inf) = NaN."""
+    g = fg.Graph("lse_special")
+    x = g.tensor((5, 300), "float32", "x")
+    m = g.max(x, dim=1, keepdim=True)
+    g.add(g.log(g.sum(g.exp(g.sub(x, m)), dim=1, keepdim=True)), m).set_output()
+    x_t = rand(5, 300) * 3
+    x_t[0, :200] = float("-inf")        # the first chunks' lanes start at -inf
+    x_t[1, :] = float("-inf")
+    x_t[2, 123] = float("inf")
+    x_t[3, 257] = float("nan")
+    x_t[4, ::7] = float("-inf")
+    plan = g.build(max_row_block=64)
+    out = plan(x_t)
+    ref = fg.reference(g)(x_t)
+    assert torch.isnan(ref[1:4]).all()
+    assert torch.isneginf(out[1]).all() and torch.isnan(out[2]).all() and torch.isnan(out[3]).all()
+    finite = [0, 4]
+    assert_close(out[finite], ref[finite], what="finite rows")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dt)

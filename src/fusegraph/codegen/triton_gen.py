@@ -672,11 +672,16 @@ class _ReductionWriter(_Writer):
                 fill = {"sum": "0.0", "max": ninf, "min": "float('inf')"}[combine]
                 masked = f"tl.where(mask, {arg}, {fill})"
                 if e.key in with_sum:
-                    acc_s = f"acc_{with_sum[e.key].key}"
-                    self.emit(f"m_new = tl.maximum(acc_{e.key}, {masked})", 3)
-                    self.emit(f"m_safe = tl.where(m_new == {ninf}, 0.0, m_new)", 3)
-                    self.emit(f"{acc_s} = {acc_s} * tl.exp(acc_{e.key} - m_safe) + tl.exp({masked} - m_safe)", 3)
-                    self.emit(f"acc_{e.key} = m_new", 3)
+                    # one exp an element: of x and the running max, the smaller one's term is
+                    # exp(-|x - max|) relative to the larger; when x is larger the sum is rescaled
+                    # by that same factor and x counts 1. A lane's terms while its max is -inf are
+                    # zeroed by the final rescale (exp(-inf - row max)); NaN propagates through d.
+                    acc_s, acc_m = f"acc_{with_sum[e.key].key}", f"acc_{e.key}"
+                    self.emit(f"x_on = {masked}", 3)
+                    self.emit(f"d_on = tl.where(x_on == {acc_m}, 0.0, x_on - {acc_m})", 3)
+                    self.emit("e_on = tl.exp(-tl.abs(d_on))", 3)
+                    self.emit(f"{acc_s} = tl.where(d_on > 0.0, {acc_s} * e_on + 1.0, {acc_s} + e_on)", 3)
+                    self.emit(f"{acc_m} = tl.maximum({acc_m}, x_on)", 3)
                 elif combine == "sum":
                     self.emit(f"acc_{e.key} += {masked}", 3)
                 else:
