@@ -189,12 +189,13 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
           "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
-_register("round_intermediates", bool, lambda: False,
+_register("round_intermediates", bool, lambda: True,
           "Inside a generated kernel, every fp16/bf16 op's result is rounded to its dtype, as eager PyTorch "
-          "rounds op by op. Off (the default, as Inductor): values stay fp32 in registers from load to store, "
-          "and only explicit casts (a .to(), autocast's and the decompositions' casts) and stores round; closer "
-          "to the fp32 result, and two conversion instructions fewer per op and element (GPT-2's tanh-GELU "
-          "backward is bound by its instructions, not its bytes).")
+          "rounds op by op. Off (Inductor's way): values stay fp32 in registers from load to store; explicit "
+          "casts (a .to(), autocast's and the decompositions' casts) and stored values that later ops read "
+          "still round. Off is closer to the fp32 result and has two conversions fewer per op and element, but "
+          "GPT-2's step measured 1.3% slower with it off (median of 5 alternating rounds, 18.008 against "
+          "17.775 ms, bench/results/ab_gpt2_round_intermediates_20261202_0339.txt), so on by default.")
 _register("share_row_pass", bool, lambda: True,
           "Column reductions (a linear layer's bias gradient, layernorm's weight gradients) run in the pass of "
           "the row kernel whose data they read: also when they only load the same tensors, and several per "

@@ -161,9 +161,9 @@ class _Writer:
         else:
             args = [self.expr[a] for a in entry.args]
             expr = _op_expr(entry.node, args)
-            # a 16-bit result stays fp32 in registers (Inductor's way) unless it is an explicit cast, a
-            # stored value that later ops here read too (they see what the tensor holds), or
-            # settings.round_intermediates asks for eager's op-by-op rounding; stores always round
+            # a 16-bit result is rounded as eager rounds it op by op (settings.round_intermediates, on by
+            # default); off, it stays fp32 in registers (Inductor's way) unless it is an explicit cast or a
+            # stored value that later ops here read too (they see what the tensor holds); stores always round
             low = entry.node.dtype in ("float16", "bfloat16") and (
                 entry.node.op == "cast" or settings.round_intermediates
                 or (entry.key in self.out_ptr and entry.key in self._read_keys()))
