@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import fusegraph as fg
 from fusegraph.perf.devices import get_device
 from fusegraph.perf.explain import analyze_plan, explain_plan
 from perf_helpers import small_plan
@@ -71,3 +72,28 @@ def test_roofline_png_is_a_valid_image(plan_and_inputs, tmp_path) -> None:
     assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width > 400 and height > 300
+
+
+def test_random_inputs_spread_indices_over_the_dim_they_index() -> None:
+    """explain times kernels on random inputs: integers read as indices (directly, or through a
+    reshape and a cast) are drawn over the whole dim they index, so an embedding gradient's
+    index_put is not timed with every token on two rows; other integers stay in [0, 2)."""
+    from fusegraph.perf.explain import index_extents, random_inputs
+
+    g = fg.Graph("indices")
+    ids = g.tensor((64,), "int64", "ids")
+    rows = g.tensor((8, 8), "int32", "rows")
+    flag = g.tensor((64,), "int64", "flag")
+    table = g.tensor((5000, 16), "float32", "table")
+    grad = g.tensor((64, 16), "float32", "grad")
+    g.embedding(ids, table).set_output()
+    g.index_put(g.tensor((700, 16), "float32", "acc"), [g.cast(g.reshape(rows, 64), "int64")], grad,
+                accumulate=True).set_output()
+    g.add(g.cast(flag, "float32"), 1.0).set_output()
+    plan = g.build(device="cpu")
+    by_name = {n.name: n.id for n in plan.graph.inputs}
+    assert index_extents(plan.graph) == {by_name["ids"]: 5000, by_name["rows"]: 700}
+    feeds = dict(zip([n.name for n in plan.graph.inputs], random_inputs(plan, "cpu"), strict=True))
+    assert int(feeds["ids"].min()) >= 0 and int(feeds["ids"].max()) < 5000 and int(feeds["ids"].max()) > 100
+    assert int(feeds["rows"].max()) < 700 and len(feeds["rows"].unique()) > 10
+    assert set(feeds["flag"].tolist()) <= {0, 1}

@@ -88,8 +88,11 @@ class PlanReport:
 # ---- measuring ----
 
 def random_inputs(plan: Any, device: str) -> list[torch.Tensor]:
-    """Fresh random tensors for the plan's inputs (floats ~N(0,1), ints in [0, 2), bools)."""
+    """Fresh random tensors for the plan's inputs: floats ~N(0,1), bools, integers uniform over the
+    dim they index where the plan reads them as indices (`index_extents`: token ids spread over an
+    embedding as real ones do, not piled onto two rows), else in [0, 2)."""
     out = []
+    extents = index_extents(plan.graph)
     for node in plan.graph.inputs:
         dtype = dtypes.to_torch(node.dtype)
         if dtype.is_floating_point:
@@ -97,7 +100,38 @@ def random_inputs(plan: Any, device: str) -> list[torch.Tensor]:
         elif dtype == torch.bool:
             out.append(torch.rand(node.shape, device=device) > 0.5)
         else:
-            out.append(torch.randint(0, 2, node.shape, device=device, dtype=dtype))
+            out.append(torch.randint(0, max(1, extents.get(node.id, 2)), node.shape, device=device, dtype=dtype))
+    return out
+
+
+INDEX_OPS = ("gather", "index_select", "index_copy", "scatter_add")   # (x, index, ...) with attrs["dim"]
+
+
+def index_extents(graph: Any) -> dict[int, int]:
+    """Graph inputs (by node id) that ops read as indices, through views and casts: the size of the
+    dim they index, the smallest over their uses."""
+    from ..ir.registry import VIEW, get_op
+
+    inputs = {n.id for n in graph.inputs}
+
+    def source(node: Any) -> Any:
+        while node.id not in inputs and node.inputs and (node.op == "cast" or VIEW in get_op(node.op).props):
+            node = node.inputs[0]
+        return node if node.id in inputs else None
+
+    out: dict[int, int] = {}
+    for node in graph.nodes:
+        ins, pairs = node.inputs, []
+        if node.op == "embedding":
+            pairs = [(ins[0], ins[1].shape[0])]
+        elif node.op in INDEX_OPS:
+            pairs = [(ins[1], ins[0].shape[int(node.attrs["dim"]) % len(ins[0].shape)])]
+        elif node.op == "index_put":
+            pairs = [(index, ins[0].shape[d]) for index, d in zip(ins[2:], node.attrs["index_dims"], strict=False)]
+        for index, extent in pairs:
+            src = source(index)
+            if src is not None:
+                out[src.id] = min(extent, out.get(src.id, extent))
     return out
 
 
