@@ -67,27 +67,32 @@ def plan_kernels(fn: Any) -> str:
     return "\n".join(lines)
 
 
+def live_plans(fn: Any) -> list[tuple[str, str, Any]]:
+    """(graph kind, partition name, Plan) of each fusegraph partition of the call whose Plan is alive."""
+    report = getattr(fn, "fusegraph_report", None) or getattr(getattr(fn, "run", None), "fusegraph_report", None)
+    if report is None:
+        return []
+    return [(graph.kind, part.name, part.plan) for graph in report.graphs for part in graph.partitions
+            if part.plan is not None]
+
+
 def plan_details(fn: Any, kinds: tuple[str, ...]) -> str:
     """Per plan kernel of the given kinds (and each split column reduction or row-tiled pointwise
     kernel): backend, chosen config, how it was tuned, notes."""
-    report = getattr(fn, "fusegraph_report", None)
-    if report is None:
-        return ""
     lines = []
-    for graph in report.graphs:
-        for part in graph.partitions:
-            plan = part.plan
-            for k in (plan.kernels if plan is not None else []):
-                if k.kind in kinds or "SPLITS" in (k.config or {}) or "ROW_TILED" in (k.config or {}):
-                    config = {a: v for a, v in (k.config or {}).items() if a in ("VARIANT", "BLOCK_M", "BLOCK_N",
-                              "BLOCK_K", "SPLIT_K", "candidate", "backend", "USE_TMA", "ROWS", "BLOCK_C",
-                              "CHUNK", "SPLITS", "num_warps", "BLOCK", "ROW_TILED")}
-                    attrs = {a: v for a, v in k.nodes[0].attrs.items() if a in ("causal", "has_lse", "return_lse")} \
-                        if k.kind == "attention" else ""
-                    masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else \
-                        " in=" + " ".join(f"{list(i.shape)}/{list(i.spec.memory_strides)}" for i in k.nodes[0].inputs)
-                    lines.append(f"   [{graph.kind}] {k.name} {k.kind}/{k.backend} {config} {attrs}{masked} "
-                                 f"tuning={k.tuning} {k.note or ''}".rstrip())
+    for graph_kind, _, plan in live_plans(fn):
+        for k in plan.kernels:
+            if not (k.kind in kinds or "SPLITS" in (k.config or {}) or "ROW_TILED" in (k.config or {})):
+                continue
+            config = {a: v for a, v in (k.config or {}).items() if a in (
+                "VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "candidate", "backend", "USE_TMA", "ROWS",
+                "BLOCK_C", "CHUNK", "SPLITS", "STAGES", "num_warps", "BLOCK", "ROW_TILED")}
+            attrs = {a: v for a, v in k.nodes[0].attrs.items() if a in ("causal", "has_lse", "return_lse")} \
+                if k.kind == "attention" else ""
+            masked = f" inputs={len(k.nodes[0].inputs)}" if k.kind == "attention" else \
+                " in=" + " ".join(f"{list(i.shape)}/{list(i.spec.memory_strides)}" for i in k.nodes[0].inputs)
+            lines.append(f"   [{graph_kind}] {k.name} {k.kind}/{k.backend} {config} {attrs}{masked} "
+                         f"tuning={k.tuning} {k.note or ''}".rstrip())
     return "\n".join(lines)
 
 
@@ -139,26 +144,19 @@ def explain_table(fn: Any, top: int) -> str:
     `top` kernels with the most time above their floor, and the plan's totals."""
     from fusegraph.perf.explain import analyze_plan
 
-    report = getattr(fn, "fusegraph_report", None) or getattr(getattr(fn, "run", None), "fusegraph_report", None)
-    if report is None:
-        return "   (no fusegraph report)"
     lines = []
-    for graph in report.graphs:
-        for part in graph.partitions:
-            plan = part.plan
-            if plan is None:
-                continue
-            rep = analyze_plan(plan, measure=True)
-            measured = rep.total_measured_s or 0.0
-            lines.append(f"   [{graph.kind}] {part.name}: {len(rep.rows)} kernels, {measured * 1e3:.3f} ms timed one "
-                         f"by one, floor {rep.total_floor_s * 1e3:.3f} ms")
-            rows = sorted((r for r in rep.rows if r.measured_s is not None), key=lambda r: -(r.above_floor_s or 0.0))
-            for r in rows[:top]:
-                ops = "; ".join(r.ops)[:110]
-                lines.append(f"     {r.name[:34]:34s} {r.kind + '/' + r.backend:22s} {r.measured_s * 1e3:7.3f} ms "
-                             f"floor {r.floor.seconds * 1e3:7.3f} ({r.pct_of_floor or 0:3.0f}%) "
-                             f"{(r.achieved_bandwidth or 0) / 1e9:6.0f} GB/s  {ops}")
-    return "\n".join(lines)
+    for graph_kind, name, plan in live_plans(fn):
+        rep = analyze_plan(plan, measure=True)
+        measured = rep.total_measured_s or 0.0
+        lines.append(f"   [{graph_kind}] {name}: {len(rep.rows)} kernels, {measured * 1e3:.3f} ms timed one "
+                     f"by one, floor {rep.total_floor_s * 1e3:.3f} ms")
+        rows = sorted((r for r in rep.rows if r.measured_s is not None), key=lambda r: -(r.above_floor_s or 0.0))
+        for r in rows[:top]:
+            ops = "; ".join(r.ops)[:110]
+            lines.append(f"     {r.name[:34]:34s} {r.kind + '/' + r.backend:22s} {(r.measured_s or 0) * 1e3:7.3f} ms "
+                         f"floor {r.floor.seconds * 1e3:7.3f} ({r.pct_of_floor or 0:3.0f}%) "
+                         f"{(r.achieved_bandwidth or 0) / 1e9:6.0f} GB/s  {ops}")
+    return "\n".join(lines) or "   (no fusegraph plan alive)"
 
 
 def measure(name: str, fn: Callable[[], Any], rows: int, with_plan: bool,
