@@ -97,8 +97,9 @@ def heuristic_config_ok(gen: GeneratedKernel) -> bool:
 
 # Tiles of a split column reduction that also stores its elements: (kept, reduced, warps, tiles a
 # program, pipeline stages of its loop). Few rows a tile, a few tiles a program, the loop pipelined:
-# GPT-2's GELU backward + bias gradient ([8192, 3072] bf16) took 0.062 ms in (64, 8, 2, 8, 3), 0.080
-# in the best tile of the unpipelined list before (bench/results/split_column_20261202_0349.txt).
+# GPT-2's GELU backward + bias gradient ([8192, 3072] bf16) took 0.062 ms in (64, 8, 2, 8, 3)
+# (bench/results/split_column_20261202_0349.txt), 0.078 in the best tile of the unpipelined list before
+# (split_column_20261202_0345.txt).
 SPLIT_STORE_TILES = ((64, 8, 2, 8, 3), (64, 16, 4, 4, 3), (32, 32, 4, 2, 1), (64, 32, 4, 1, 1), (64, 16, 4, 4, 2),
                      (32, 32, 2, 4, 3))
 # Tiles of a split column reduction (partials only): (kept, reduced, warps, pipeline stages). Pipelined,

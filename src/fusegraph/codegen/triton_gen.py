@@ -88,15 +88,10 @@ class _Writer:
         self.zero_index = "0"  # an index expression of the tile's shape that is always 0
         self.wide = max([_max_offset(n) for n in self.inputs + self.outputs] + [0]) > INT32_LIMIT
         self.shifted_exps: dict[str, tuple[str, str]] = {}   # exp(a - max(a)) entries: key -> (a, max)
+        self.read_keys = {a for e in group.entries for a in e.args}   # entries some entry of the group reads
 
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
-
-    def _read_keys(self) -> set[str]:
-        """Keys of the entries some entry of the group reads."""
-        if not hasattr(self, "_reads"):
-            self._reads = {a for e in self.group.entries for a in e.args}
-        return self._reads
 
     def signature(self, constexprs: list[str]) -> str:
         args = [self.ptr[n.id] for n in self.inputs] + list(self.out_ptr.values())
@@ -166,7 +161,7 @@ class _Writer:
             # stored value that later ops here read too (they see what the tensor holds); stores always round
             low = entry.node.dtype in ("float16", "bfloat16") and (
                 entry.node.op == "cast" or settings.round_intermediates
-                or (entry.key in self.out_ptr and entry.key in self._read_keys()))
+                or (entry.key in self.out_ptr and entry.key in self.read_keys))
             if low:
                 expr = f"({expr}).to({TL_DTYPE[entry.node.dtype]}).to(tl.float32)"
             self.emit(f"{entry.key} = {expr}", indent)
