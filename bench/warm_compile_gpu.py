@@ -70,7 +70,11 @@ def _summed_builds(stderr: str) -> float:
 
 
 def _choices(directory: str) -> str:
-    """One block per tuning-cache entry: kernel, tuning seconds, candidates by time (the winner first)."""
+    """One block per tuning-cache entry: kernel, the GEMM's M N K when its source names them, tuning
+    seconds, every candidate by time (the winner first), so a later analysis can rank the candidates
+    as gemm_configs orders them for that shape."""
+    import re
+
     blocks = []
     for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
         if not name.endswith(".json"):
@@ -78,9 +82,14 @@ def _choices(directory: str) -> str:
         with open(os.path.join(directory, name)) as f:
             data = json.load(f)
         timings = sorted(data.get("timings", []), key=lambda t: (t.get("ms") is None, t.get("ms") or 0.0))
-        lines = [f"{data['key'].get('name')}  {len(timings)} candidates, tuned in {data.get('tuning_s', 0.0):.3f} s"]
+        problem = data["key"].get("key", {})
+        dims = re.search(r"M, N, K = (\d+), (\d+), (\d+)", str(problem.get("source", ""))) \
+            if isinstance(problem, dict) else None
+        shape = f"  [M N K = {' '.join(dims.groups())}]" if dims else ""
+        lines = [f"{data['key'].get('name')}{shape}  {len(timings)} candidates, tuned in "
+                 f"{data.get('tuning_s', 0.0):.3f} s"]
         lines += [f"    {t['ms'] if t.get('ms') is not None else 'failed':>10}  {json.dumps(t.get('config'))}"
-                  for t in timings[:6]]
+                  for t in timings]
         blocks.append("\n".join(lines))
     return "\n".join(blocks) + "\n"
 
