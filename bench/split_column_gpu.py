@@ -1,9 +1,10 @@
 """GPT-2's tanh-GELU backward with its bias gradient, alone: a pointwise value stored for every
 element (dh, bf16) whose column sums (the bias gradient, fp32) are reduced in the same pass (a split
-column reduction with per-element stores: codegen/column_split.py). Times every tile config of
-codegen/configs.SPLIT_STORE_TILES and of a wider sweep (--sweep), the pointwise kernel alone (dh only),
-and torch.compile (Inductor) of the same function, against the bytes' floor; then a vocabulary-wide
-log-sum-exp (the cross-entropy forward's row statistic), its candidate configs timed.
+column reduction with per-element stores: codegen/column_split.py). Times, against the bytes' floor
+and torch.compile (Inductor) of the same function: the pointwise kernel alone (dh only, its heuristic
+config and tuned), the column sum of dh alone (every config of codegen/configs.SPLIT_TILES), the fused
+kernel (every config of SPLIT_STORE_TILES; --sweep: wider lists for both, pipeline stages included);
+then a vocabulary-wide log-sum-exp (the cross-entropy forward's row statistic), its candidates timed.
 
     PYTHONPATH=src python bench/split_column_gpu.py [--tokens 8192 --features 3072] [--sweep]
 
