@@ -259,7 +259,7 @@ def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
     plan = g.build(max_row_block=64)
     rows = [k for k in plan.kernels if k.kind == "reduction"]
     assert len(rows) == 1
-    looped = rows[0].source.split("else:")[1]
+    looped = rows[0].source.split("else:", 1)[1]
     # one loop for max, sum of exp and the target logit; one to write the softmax
     assert looped.count("for c0 in tl.range") == 2 and "e_on = tl.exp(-tl.abs(d_on))" in looped
     body = looped.split("for c0 in tl.range")[1].split("if 500 % BLOCK_C")[0]   # the statistics' loop
@@ -267,6 +267,46 @@ def test_online_softmax_reads_a_wide_row_once_for_its_statistics() -> None:
     x_t = rand(3, 500) * 4
     x_t[:, 450:] += 10    # the max sits in the last chunk: the running sum must be rescaled
     _run(g, [x_t, torch.tensor([1, 470, 499])], max_row_block=64)
+
+
+@pytest.mark.parametrize("width", [509, 512], ids=["tail", "whole-chunks"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["direct", "prefetch"])
+def test_looped_rows_with_or_without_prefetch_match_the_reference(
+        width: int, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The looped row reduction's two forms offered to the tuner (PREFETCH: the next chunk's loads
+    issued into registers at the top of each chunk): softmax, cross-entropy and a log-sum-exp over
+    wide rows, with and without a tail chunk, bf16 input, each form against the reference."""
+    import fusegraph.lower as lower
+    from fusegraph.codegen import configs
+
+    def pick(gen: Any, options: Any = None) -> list[dict[str, Any]]:
+        out = configs.candidate_configs(gen, options)
+        if gen.kind == "reduction" and gen.meta.get("prefetch"):
+            out = [c for c in out if bool(c.get("PREFETCH")) == prefetch]
+        return out
+
+    monkeypatch.setattr(lower, "candidate_configs", pick)
+    g = fg.Graph("prefetch_rows")
+    x = g.cast(g.tensor((4, width), "bfloat16", "x"), "float32")
+    t = g.tensor((4,), "int64", "t")
+    g.softmax(x, -1).set_output()
+    g.cross_entropy(x, t, reduction="none").set_output()
+    m = g.max(x, dim=1, keepdim=True)
+    g.add(g.log(g.sum(g.exp(g.sub(x, m)), dim=1, keepdim=True)), m).set_output()
+    plan = g.build(max_row_block=64)
+    (kernel,) = [k for k in plan.kernels if k.kind == "reduction"]
+    assert "if PREFETCH:" in kernel.source and bool(kernel.config.get("PREFETCH")) == prefetch
+    for part in kernel.source.split(f"if {width} % BLOCK_C != 0:\n")[1:]:   # each tail chunk's block
+        block = []
+        for line in part.splitlines():
+            if not line.startswith(" " * 12):
+                break
+            block.append(line)
+        assert block and not any("pf_" in line for line in block)              # loads directly
+    x_t = (rand(4, width) * 4).to(torch.bfloat16)
+    x_t[:, width - 20:] += 10
+    x_t[2, ::5] = float("-inf")
+    _run(g, [x_t, torch.tensor([1, 470, width - 1, 3])], max_row_block=64)
 
 
 def test_online_log_sum_exp_special_values_match_the_reference() -> None:

@@ -84,7 +84,10 @@ def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = Non
     chunk = min(LOOP_BLOCK, next_pow2(max_block) if next_pow2(max_block) <= max_block else next_pow2(max_block) // 2)
     # the loop over a row's chunks is not pipelined (STAGES 1): a vocabulary-wide log-sum-exp timed the
     # same with STAGES 2 or 3 (bench/results/split_column_20261202_0405.txt), so no compiles are spent on it
-    return [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
+    out = [{"ROWS": 1, "BLOCK_C": chunk, "num_warps": 8}, {"ROWS": 1, "BLOCK_C": chunk // 2 or 1, "num_warps": 4}]
+    if gen.meta.get("prefetch"):   # the next chunk's loads in flight during this one's math (triton_gen._looped)
+        out += [dict(c, PREFETCH=True) for c in out]
+    return out
 
 
 def heuristic_config_ok(gen: GeneratedKernel) -> bool:
@@ -202,5 +205,5 @@ def launch_parameters(gen: GeneratedKernel,
         consts["STAGES"] = int(config.get("STAGES", 1))
         return [(blocks, int(config["SPLITS"])), (blocks,)], consts, warps
     consts = {"ROWS": rows, "BLOCK_C": block_c, "SINGLE": block_c >= gen.reduced_extent,
-              "STAGES": int(config.get("STAGES", 1))}
+              "STAGES": int(config.get("STAGES", 1)), "PREFETCH": bool(config.get("PREFETCH", False))}
     return [(blocks,)], consts, warps

@@ -536,7 +536,7 @@ class _ReductionWriter(_Writer):
         r_tile = "[None, :]" if self.column else "[:, None]"
         c_tile = "[:, None]" if self.column else "[None, :]"
         self.tile = "[BLOCK_C, ROWS]" if self.column else "[ROWS, BLOCK_C]"
-        head = [jit_head(self.name, self.signature(['ROWS', 'BLOCK_C', 'SINGLE', 'STAGES']))]
+        head = [jit_head(self.name, self.signature(['ROWS', 'BLOCK_C', 'SINGLE', 'STAGES', 'PREFETCH']))]
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         self.emit(f"rows = {pid} * ROWS + tl.arange(0, ROWS){r_tile}")
         self.emit(f"rmask = {row_mask(rows, 'ROWS')}")
@@ -572,9 +572,10 @@ class _ReductionWriter(_Writer):
         for e in self.group.stores:
             self.store(e, "mask" if e.full else "rmask", dimvar, 2)
         self.emit("else:")
-        self._looped(entries, dimvar, red_lines, c_tile, ax, cols)
+        prefetch = self._looped(entries, dimvar, red_lines, c_tile, ax, cols)
         return GeneratedKernel(self.name, self.module(head + self.lines), "reduction", self.inputs,
-                               self.outputs, extent=rows, reduced_extent=cols, column=self.column)
+                               self.outputs, extent=rows, reduced_extent=cols, column=self.column,
+                               meta={"prefetch": True} if prefetch else {})
 
     def _gather(self, e: Entry, source: Entry, index: Entry, dimvar: dict[int, str], cols: int) -> None:
         """sum(where(iota == index, source, 0)) over the row: load source[row, index] (0 where the
@@ -608,10 +609,14 @@ class _ReductionWriter(_Writer):
         self.expr[e.key] = e.key
 
     def _looped(self, entries: list[Entry], dimvar: dict[int, str], red_lines: list[str], c_tile: str,
-                ax: int, cols: int) -> None:
+                ax: int, cols: int) -> bool:
         """One loop over the row per round of sequential reductions (plus one for stores that
         need the last round). A sum of exp(a - max(a)) rides along with its max (online softmax:
-        the running sum is rescaled when the running max grows), saving a pass over the row."""
+        the running sum is rescaled when the running max grows), saving a pass over the row.
+        In a row reduction over one dim, with PREFETCH the row's loads of the next chunk are issued
+        at the top of each chunk's body, into registers carried to the next iteration, so they are
+        in flight during this chunk's math (two chunks of loads a thread instead of one; the loop
+        otherwise waits for each chunk's loads). True when that variant was written."""
         self.expr = {}
         wide = ".to(tl.int64)" if self.wide else ""
         by_key = {e.key: e for e in entries}
@@ -622,6 +627,7 @@ class _ReductionWriter(_Writer):
         passes = max(stage[e.key] for e in reduces)
         stores = self.group.stores
         ninf = "float('-inf')"
+        prefetched = False
         for p in range(passes + 2):
             # values with one number per row that became available after pass p-1
             for e in entries:
@@ -643,6 +649,17 @@ class _ReductionWriter(_Writer):
             # from 16-byte-aligned rows become vectors), one tail chunk after them the column mask
             tail = not self.column and cols % 16 != 0
             loop_end = f"{cols} - {cols} % BLOCK_C" if tail else str(cols)
+            needed = _full_ancestors([t for t in targets if t.key not in online], by_key)
+            ahead = [e for e in entries if e.key in needed and e.kind == "load" and e.full
+                     and not range_mask(e.node, e.emb, self.domain.shape, dimvar)] \
+                if not self.column and len(self.domain.reduced) == 1 and not red_lines else []
+            next_vars = {**dimvar, self.domain.reduced[0]: "cols_n"}   # the next chunk's column index
+            if ahead:   # the first chunk's loads, before the loop
+                prefetched = True
+                self.emit("if PREFETCH:", 2)
+                self.emit(f"cols_n = tl.arange(0, BLOCK_C){c_tile}{wide}", 3)
+                for e in ahead:
+                    self.emit(f"pf_{e.key} = {self._raw_load(e, f'rmask & (cols_n < {loop_end})', next_vars)}", 3)
             # STAGES > 1: Triton's pipeliner loads the next chunks while this one computes
             self.emit(f"for c0 in tl.range(0, {loop_end}, BLOCK_C, num_stages=STAGES):", 2)
             start = len(self.lines)
@@ -651,10 +668,24 @@ class _ReductionWriter(_Writer):
                       "mask = rmask & tl.full([1, BLOCK_C], 1, tl.int1)", 3)
             for line in red_lines:
                 self.emit(line, 3)
-            needed = _full_ancestors([t for t in targets if t.key not in online], by_key)
             saved = dict(self.expr)
+            block: tuple[int, int, int] | None = None   # the PREFETCH block's lines: if, else, end
+            if ahead:
+                first = len(self.lines)
+                self.emit("if PREFETCH:", 3)
+                for e in ahead:
+                    up = ".to(tl.float32)" if dtypes.is_float(e.node.dtype) else ""
+                    self.emit(f"{e.key} = pf_{e.key}{up}", 4)
+                self.emit("cols_n = cols + BLOCK_C", 4)
+                for e in ahead:   # the mask stays constant over 16-element runs (loop_end: whole chunks)
+                    self.emit(f"pf_{e.key} = {self._raw_load(e, f'rmask & (cols_n < {loop_end})', next_vars)}", 4)
+                other = len(self.lines)
+                self.emit("else:", 3)
+                for e in ahead:
+                    self.value(e, "mask", dimvar, 4)
+                block = (first, other, len(self.lines))
             for e in entries:
-                if e.key in needed:
+                if e.key in needed and e not in ahead:
                     self.value(e, "mask", dimvar, 3)
             for e in targets:
                 if e.key in online:
@@ -682,8 +713,11 @@ class _ReductionWriter(_Writer):
                 else:
                     fn = "tl.maximum" if combine == "max" else "tl.minimum"
                     self.emit(f"acc_{e.key} = {fn}(acc_{e.key}, {masked})", 3)
-            if tail:   # the same body once more, on the last partial chunk
+            if tail:   # the same body once more, on the last partial chunk (its loads direct)
                 body = self.lines[start + 2:]
+                if block is not None:
+                    first, other, end = (k - start - 2 for k in block)
+                    body = body[:first] + [line[4:] for line in body[other + 1:end]] + body[end:]
                 self.emit(f"if {cols} % BLOCK_C != 0:", 2)
                 self.emit(f"c0 = {cols} - {cols} % BLOCK_C", 3)
                 self.emit(f"cols = (c0 + tl.arange(0, BLOCK_C){c_tile}){wide}", 3)
@@ -701,6 +735,12 @@ class _ReductionWriter(_Writer):
                     self.emit(f"{e.key} = tl.sum(acc_{e.key} * tl.exp(acc_{m} - {m}_safe), axis={ax}, "
                               "keep_dims=True)", 2)
                     self.expr[e.key] = e.key
+        return prefetched
+
+    def _raw_load(self, entry: Entry, mask: str, dimvar: dict[int, str]) -> str:
+        """A load of `entry` in its stored dtype (no upcast), where `dimvar` indexes it."""
+        ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
+        return f"tl.load({ptr}, mask={mask}, other=0)"
 
 
 def _one_hot_gathers(entries: list[Entry], reduced: tuple[int, ...]) -> dict[str, tuple[Entry, Entry]]:
