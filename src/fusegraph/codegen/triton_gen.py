@@ -684,8 +684,9 @@ class _ReductionWriter(_Writer):
                 for e in ahead:
                     self.value(e, "mask", dimvar, 4)
                 block = (first, other, len(self.lines))
+            ahead_keys = {e.key for e in ahead}
             for e in entries:
-                if e.key in needed and e not in ahead:
+                if e.key in needed and e.key not in ahead_keys:
                     self.value(e, "mask", dimvar, 3)
             for e in targets:
                 if e.key in online:
