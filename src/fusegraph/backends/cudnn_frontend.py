@@ -471,13 +471,14 @@ def _sdpa_backward_plan(node: Node, problem: Any, device: torch.device,
     st_shape, st_strides = recipe.stats
     wanted = [recipe.d_o[1], recipe.q[1], recipe.k[1], recipe.v[1]] + ([o_strides] if has_lse else [])
     grad_layouts = recipe.grads
+    fwd_plan, ft = (fwd[0][0], fwd[0][1]) if fwd else (None, {})
 
     def launch(args: Sequence[torch.Tensor]) -> list[Any]:
         grad, q, k, v, *rest = _dense_as(args, wanted)
         if has_lse:
             o, stats = rest[0], args[5].float().contiguous()
         else:
-            fwd_plan, ft, _ = fwd[0]
+            assert fwd_plan is not None
             o = torch.empty_strided(o_shape, o_strides, dtype=q.dtype, device=q.device)
             stats = torch.empty_strided(st_shape, st_strides, dtype=torch.float32, device=q.device)
             fwd_plan({ft["q"]: q, ft["k"]: k, ft["v"]: v, ft["o"]: o, ft["stats"]: stats})
