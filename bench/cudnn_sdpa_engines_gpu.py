@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> None:
             try:
                 graph.validate()
                 graph.build_operation_graph()
+                graph.create_execution_plans([cudnn.heur_mode.A])   # lowers the graph to the backend's
                 space = [knob_values(kn) for kn in graph.get_knobs_for_engine(engine)]
             except Exception as err:
                 print(f" engine {engine} ({name}): knobs not listed: {type(err).__name__}: {str(err)[:160]}")
