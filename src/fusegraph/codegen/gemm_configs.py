@@ -36,9 +36,13 @@ SPLIT_K_TILES = ((64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 4, 3), (32, 256, 4
 SMS = 132                   # streaming multiprocessors of an H100/H200, when no GPU says otherwise
 SMEM_BYTES = 232448         # shared memory one program may use on Hopper (227 KiB)
 SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill the GPU (+ cuBLAS: 4)
-LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 2 TMA + cuBLAS: 6)
-LARGE_PROBLEM_TMA = 2
-PERSISTENT_CANDIDATES = 3   # persistent candidates of a problem with more than one wave of tiles
+# Candidate counts, pruned by what won: every candidate's time in cold compiles of ResNet-50 and the
+# GPT-2 step on an H200 (results/choices_*_20261202_0529.txt, ranked by bench/choices_ranks.py). In
+# their 33 GEMMs the second TMA tile and the persistent kernel's unflattened loop never won by more
+# than 0.7%; dropping them saves 60 of their 247 GEMM compiles.
+LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 1 TMA + cuBLAS: 5)
+LARGE_PROBLEM_TMA = 1
+PERSISTENT_CANDIDATES = 2   # persistent candidates of a problem with more than one wave of tiles
 SPLIT_K_MAX_M = 64          # split-K is a candidate for M <= this ...
 SPLIT_K_MIN_K = 512         # ... and K >= this (decode: M = batch, K = hidden)
 SPLIT_K_CANDIDATES = 3
@@ -133,11 +137,9 @@ def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = 
             c["USE_TMA"] = True
         out.append(c)
     out.sort(key=lambda c: tile_cost(geometry, c, sms))
-    if not out:
-        return out
-    # the best tile once more without flattening the tile loop: on an H200 overlapping the epilogue
-    # with the next tile's loads measured slower for some kernels (triton-lang/triton#9279)
-    return [*out[:PERSISTENT_CANDIDATES - 1], dict(out[0], FLATTEN=False)]
+    # (the kernel still takes FLATTEN=False, an unflattened tile loop: triton-lang/triton#9279 measured
+    # flattening slower for some kernels, but as a candidate it never won here; see the counts above)
+    return out[:PERSISTENT_CANDIDATES]
 
 
 def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2) -> list[dict[str, Any]]:
