@@ -176,6 +176,45 @@ def test_cublas_own_epilogue_only_for_its_forms() -> None:
     assert (cublas.own_epilogue(group, "cpu") is not None) == cpu_out_dtype
 
 
+@pytest.mark.parametrize("keep_preactivation", [False, True])
+def test_cublas_adds_the_bias_first_then_launches_the_rest(keep_preactivation: bool) -> None:
+    """bias + gelu (the pre-activation kept too, as a training forward saves it): the cuBLAS candidate
+    is addmm, then our kernel for the gelu alone reading addmm's result; outputs in the group's order
+    and equal to the reference. An epilogue that also reads the raw product does not split."""
+    from fusegraph.lower import reference_launch
+
+    g = fg.Graph(name="linear_gelu", compute_dtype="float32")
+    x, w = g.tensor((24, 16), dtype="float16", name="x"), g.tensor((16, 40), dtype="float16", name="w")
+    b = g.tensor((40,), dtype="float32", name="b")
+    h = g.add(g.matmul(x, w), g.cast(b, "float16"))
+    if keep_preactivation:
+        h.set_output()
+    g.gelu(h).set_output()
+    plan = g.build(device="cpu")
+    (group,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(group, MatmulGroup) and cublas.own_epilogue(group, "cuda") is None
+    split = cublas.bias_first(group, "cuda")
+    assert split is not None and split.own.cast_bias and split.add.op == "add"
+    assert "add" not in [n.op for n in split.rest.nodes] and len(split.rest.stores) == 1
+    assert cublas.library_form(group, "cuda") == "bias_first" and cublas.bias_first(group, "cpu") is None
+    launch = cublas.cublas_launch(group, reference_launch(split.rest, "float32"), split=split)
+    inputs = {"x": torch.randn(24, 16).half(), "w": torch.randn(16, 40).half(), "b": torch.randn(40)}
+    got = launch([inputs[n.name] for n in group.inputs])
+    want = plan.run([inputs[n.name] for n in plan.graph.inputs])
+    assert len(got) == len(want) == (2 if keep_preactivation else 1)
+    for a, e in zip(got, want, strict=True):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        assert_close(a, e, what="addmm + the rest vs reference")
+
+    g = fg.Graph(name="raw_product_read_twice", compute_dtype="float32")
+    x, w = g.tensor((24, 16), dtype="float16", name="x"), g.tensor((16, 40), dtype="float16", name="w")
+    p = g.matmul(x, w)
+    g.mul(g.add(p, g.tensor((40,), dtype="float16", name="b")), p).set_output()
+    plan = g.build(device="cpu")
+    (group,) = claim_epilogues(partition_graph(plan.graph).items, plan.graph)
+    assert isinstance(group, MatmulGroup) and cublas.bias_first(group, "cuda") is None
+
+
 def test_check_same_rejects_a_wrong_candidate() -> None:
     from fusegraph.backends.matmul_kernel import check_same
 
@@ -361,20 +400,21 @@ def test_the_cublas_candidates_epilogue_kernel_precompiles_when_that_candidate_r
     bias_only, _ = _linear_group("float16")                  # addmm computes it: no second launch
     clear_memo()
     with override(cache_dir=str(tmp_path), autotune=True):
-        assert matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cuda")
-        assert not matmul_kernel.cublas_epilogue_runs(bias_only, "fg_k0_matmul", "cuda")
-        assert not matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cpu")
+        second = matmul_kernel.cublas_second_launch(relu, "fg_k0_matmul", "cuda")
+        assert second is not None and [n.op for n in second.nodes] == ["relu"]   # addmm adds the bias
+        assert matmul_kernel.cublas_second_launch(bias_only, "fg_k0_matmul", "cuda") is None
+        assert matmul_kernel.cublas_second_launch(relu, "fg_k0_matmul", "cpu") is None
         plan_precompile.precompile_jobs([relu], "cuda", {}, "float32", set())
         assert named == ["fg_k0_matmul_epilogue"]
         gen, configs, runs = matmul_kernel.build_preview(relu, "fg_k0_matmul", "cuda")
         assert gen is not None and len(configs) > 1 and runs
         candidates = matmul_kernel._candidates(configs, gen)
-        key = matmul_kernel._tune_key(gen, "cuda", None)
+        key = matmul_kernel._tune_key(gen, "cuda", cublas.library_form(relu, "cuda"))
         triton_pick = next(c for c in candidates if c["backend"] == "triton")
         tune("fg_k0_matmul", key, candidates, lambda c: 1.0 if c == triton_pick else 2.0)
         clear_memo()
         _, cached, runs = matmul_kernel.build_preview(relu, "fg_k0_matmul", "cuda")
         assert not runs and cached == [{a: v for a, v in triton_pick.items() if a != "backend"}]
     with override(autotune=False):
-        assert not matmul_kernel.cublas_epilogue_runs(relu, "fg_k0_matmul", "cuda")
+        assert matmul_kernel.cublas_second_launch(relu, "fg_k0_matmul", "cuda") is None
     clear_memo()

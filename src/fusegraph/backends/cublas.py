@@ -2,7 +2,9 @@
 then the group's epilogue as a separate launch (our generated pointwise kernel, or its torch
 reference off the GPU). A candidate of the matmul kernel like any Triton config, not a fallback.
 Two epilogues cuBLAS computes itself, in the same launch (OwnEpilogue): a bias vector (addmm, as
-eager PyTorch and Inductor run a linear layer) and a cast of a 16-bit product to fp32.
+eager PyTorch and Inductor run a linear layer) and a cast of a 16-bit product to fp32. An epilogue
+that starts with the bias and goes on (a linear layer's activation, the value before it kept too)
+splits (BiasFirst): addmm computes the biased product, our kernel the rest as the second launch.
 
 Operands go to torch as they are (strided views: a padded row stride, passes/pad_align.py, reaches
 cuBLAS as its leading dimension; nothing here calls .contiguous() on them), and a product whose spec
@@ -18,7 +20,9 @@ from typing import Any
 import torch
 
 from ..fusion.epilogue import MatmulGroup
+from ..fusion.partition import Entry, KernelGroup
 from ..ir import dtypes
+from ..ir.node import Node
 from ..ir.spec import contiguous_strides
 from ..ops.linalg import exact_fp32_matmul
 from ..runtime.kernel import in_strides
@@ -102,6 +106,73 @@ def own_epilogue(group: MatmulGroup, device: str) -> OwnEpilogue | None:
     return OwnEpilogue("bias", positions[vec.id], cast)
 
 
+@dataclass(frozen=True)
+class BiasFirst:
+    """The cuBLAS candidate of an epilogue that begins with `+ bias[N]` and goes on: torch.addmm (the
+    bias in cuBLASLt's epilogue, the product rounded once, as eager's linear layer) computes `add`'s
+    value, then `rest` (the epilogue reading that value, without the bias) is the second launch. It
+    moves the same bytes as the product then the whole epilogue, and writes `add`'s value (when the
+    plan keeps it: the pre-activation a training forward saves) straight from cuBLAS."""
+
+    own: OwnEpilogue
+    add: Node
+    rest: KernelGroup
+
+
+def bias_first(group: MatmulGroup, device: str) -> BiasFirst | None:
+    """BiasFirst for a 2-D 16-bit product read only by a bias add that the epilogue goes on after
+    (own_epilogue covers an epilogue that is the bias alone), or None."""
+    mm, epi, product = group.matmul, group.epilogue, group.product
+    if (not settings.cublas_epilogues or not device.startswith("cuda") or group.reductions
+            or mm.dtype not in ("bfloat16", "float16") or len(mm.shape) != 2
+            or any(len(i.shape) != 2 for i in mm.inputs[:2]) or mm.inputs[0].dtype != mm.inputs[1].dtype):
+        return None
+    entries = epi.entries
+    by_key = {e.key: e for e in entries}
+    readers = [e for e in entries if product.key in e.args]
+    if len(readers) != 1:
+        return None
+    add = readers[0]
+    if (add.kind != "op" or add.node.op != "add" or add.node.attrs or len(add.args) != 2
+            or add.node.dtype != mm.dtype or add.emb != product.emb):
+        return None
+    dropped = {product.key}
+    vec = by_key[add.args[1] if add.args[0] == product.key else add.args[0]]
+    cast = False
+    if vec.kind == "op" and vec.node.op == "cast" and len(vec.args) == 1 and vec.node.dtype == mm.dtype:
+        if sum(vec.key in e.args for e in entries) != 1:
+            return None
+        dropped.add(vec.key)
+        vec, cast = by_key[vec.args[0]], True
+    elif vec.node.dtype != mm.dtype:
+        return None
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    if vec.kind != "load" or vec.node.id not in positions or tuple(vec.node.shape) not in ((mm.shape[1],),
+                                                                                          (1, mm.shape[1])):
+        return None
+    if not any(vec.key in e.args for e in entries if e.key not in dropped and e.key != add.key):
+        dropped.add(vec.key)
+    stores = [e for e in epi.stores if e.key != add.key]
+    if not stores or (len(stores) != len(epi.stores)
+                      and tuple(add.node.spec.memory_strides) != contiguous_strides(add.node.shape)):
+        return None   # nothing left to launch, or the kept biased product has a padded row
+    value = Entry(add.key, add.node, add.emb, "load")
+    rest = [value if e.key == add.key else e for e in entries if e.key not in dropped]
+    if not any(e.kind != "load" for e in rest):
+        return None
+    kept = KernelGroup(epi.domain, [e.node for e in stores], rest, stores, [e for e in rest if e.kind == "load"])
+    return BiasFirst(OwnEpilogue("bias", positions[vec.node.id], cast), add.node, kept)
+
+
+def library_form(group: MatmulGroup, device: str) -> str | None:
+    """What the cuBLAS candidate computes in its own call beside the product ("bias", "fp32",
+    "bias_first"), or None: part of the tuning key (another form, another candidate)."""
+    own = own_epilogue(group, device) if device.startswith("cuda") else None
+    if own is not None:
+        return own.kind
+    return "bias_first" if bias_first(group, device) is not None else None
+
+
 _OUT_DTYPE: dict[str, bool] = {}
 
 
@@ -117,14 +188,17 @@ def out_dtype_supported(device: str) -> bool:
 
 
 def cublas_launch(group: MatmulGroup, epilogue: LaunchFn | None, reductions: Sequence[LaunchFn] = (),
-                  own: OwnEpilogue | None = None) -> LaunchFn:
+                  own: OwnEpilogue | None = None, split: BiasFirst | None = None) -> LaunchFn:
     """Launch function over `group.inputs`: torch.matmul, then `epilogue` (None: the product is
     the only output), then one launch per claimed reduction of the product (`group.reductions`, e.g.
     an amax), whose results follow the epilogue's. With `own` (own_epilogue(group)), one cuBLAS call
-    computes the epilogue too and `epilogue` is not used."""
+    computes the epilogue too and `epilogue` is not used. With `split` (bias_first(group)), torch.addmm
+    computes the biased product and `epilogue` is split.rest's launch."""
     mm = group.matmul
     if own is not None:
         return _own_launch(group, own)
+    if split is not None and epilogue is not None:
+        return _bias_first_launch(group, split, epilogue)
     positions = {n.id: k for k, n in enumerate(group.inputs)}
     ia, ib, ta, tb = _operands(group)
     epi_inputs = group.epilogue.inputs
@@ -157,6 +231,25 @@ def _operands(group: MatmulGroup) -> tuple[int, int, bool, bool]:
             bool(mm.attrs.get("trans_a", False)), bool(mm.attrs.get("trans_b", False)))
 
 
+def _bias_first_launch(group: MatmulGroup, split: BiasFirst, rest: LaunchFn) -> LaunchFn:
+    mm = group.matmul
+    ia, ib, ta, tb = _operands(group)
+    positions = {n.id: k for k, n in enumerate(group.inputs)}
+    n, dtype, own = mm.shape[1], dtypes.to_torch(mm.dtype), split.own
+    rest_args = [-1 if node.id == split.add.id else positions[node.id] for node in split.rest.inputs]
+    at = {e.node.id: k for k, e in enumerate(split.rest.stores)}
+    picks = [-1 if node.id == split.add.id else at[node.id] for node in group.outputs]
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lhs = args[ia].t() if ta else args[ia]
+        rhs = args[ib].t() if tb else args[ib]
+        bias = args[own.bias].reshape(n)
+        value = torch.addmm(bias.to(dtype) if own.cast_bias else bias, lhs, rhs)
+        outs = rest([value if k < 0 else args[k] for k in rest_args])
+        return [value if k < 0 else outs[k] for k in picks]
+    return launch
+
+
 def _own_launch(group: MatmulGroup, own: OwnEpilogue) -> LaunchFn:
     mm = group.matmul
     ia, ib, ta, tb = _operands(group)
@@ -179,11 +272,13 @@ def _own_launch(group: MatmulGroup, own: OwnEpilogue) -> LaunchFn:
     return launch_bias
 
 
-def describe(group: MatmulGroup, own: OwnEpilogue | None = None) -> str:
+def describe(group: MatmulGroup, own: OwnEpilogue | None = None, split: BiasFirst | None = None) -> str:
     mm = group.matmul
     ops = "+".join(n.op for n in group.epilogue_nodes) or "none"
     call = {None: "torch.matmul", "bias": "torch.addmm (the bias in cuBLASLt's epilogue)",
             "fp32": "torch.mm(out_dtype=float32)"}[None if own is None else own.kind]
+    if split is not None:
+        call = "torch.addmm (the bias in cuBLASLt's epilogue, the rest of the epilogue a second launch)"
     return (f"# cuBLAS via {call}(trans_a={mm.attrs.get('trans_a', False)}, "
             f"trans_b={mm.attrs.get('trans_b', False)}), epilogue: {ops}"
             + (" (computed by cuBLAS)" if own is not None else ""))

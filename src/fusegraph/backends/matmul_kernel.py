@@ -157,17 +157,20 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
     start = time.perf_counter()
     cost = matmul_group_cost(group)
     identity = not group.epilogue_nodes
-    epilogue = None if identity else _LazyEpilogue(group, name, compute_dtype, device, options)
+    # cuBLAS computing a bias or fp32-cast epilogue itself (one launch, as eager runs a linear layer),
+    # or the bias of a longer epilogue, the rest as the second launch
+    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
+    split = cublas.bias_first(group, device) if own is None else None
+    epilogue = None if identity else _LazyEpilogue(group, name, compute_dtype, device, options,
+                                                   None if split is None else split.rest)
     reductions = [_LazyEpilogue(group, name, compute_dtype, device, options, r, f"amax{k}")
                   for k, r in enumerate(group.reductions)]
-    # cuBLAS computing a bias or fp32-cast epilogue itself (one launch, as eager runs a linear layer)
-    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
-    library = cublas.cublas_launch(group, epilogue, reductions, own)
+    library = cublas.cublas_launch(group, epilogue, reductions, own, split)
     kernel = Kernel(name=name, kind="matmul", backend="cublas", nodes=tuple(group.nodes),
                     inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
-                    source=cublas.describe(group, own))
+                    source=cublas.describe(group, own, split))
     kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch,
-                            options.get("gemm_variant"), own)
+                            options.get("gemm_variant"), own, split)
     if kernel.backend == "cublas" and device.startswith("cuda") and own is None:
         for part in ([epilogue] if epilogue is not None else []) + reductions:
             part.build()  # generated and compiled now, not at the first call (or in a CUDA-graph capture)
@@ -178,13 +181,14 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
                    library: Any, reference_launch: Any, variant: str | None = None,
-                   own: cublas.OwnEpilogue | None = None) -> Kernel:
+                   own: cublas.OwnEpilogue | None = None, split: cublas.BiasFirst | None = None) -> Kernel:
     """`variant` (build option gemm_variant: "tiled", "persistent", "splitk" or "gemv"): only that kind's
     candidates (and cuBLAS) are considered; none of that kind: the usual candidates. Without one, a
     GEMM the GEMV kernel covers takes it by rule (`_gemv_rule`). `own`: the epilogue cuBLAS computes
-    itself (the library candidate is one launch)."""
+    itself (the library candidate is one launch); `split`: its bias, the rest a second launch."""
     identity = not group.epilogue_nodes or own is not None
-    described = cublas.describe(group, own)
+    described = cublas.describe(group, own, split)
+    form = own.kind if own is not None else None if split is None else "bias_first"
     why = gemm_supported(group)
     if why is not None:
         kernel.note = f"cuBLAS only: {why}"
@@ -223,7 +227,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         kernel.note = (f"weight-streaming GEMV kernel: {gen.geometry.m} row(s), the weight read along K "
                        "(settings.gemv_kernel)")
     else:
-        choice = _choose(kernel, gen, fn, configs, library, device, own)
+        choice = _choose(kernel, gen, fn, configs, library, device, form)
     if choice.get("backend") == "cublas":
         kernel.backend, kernel.source, kernel.config = "cublas", described, dict(choice)
         timed = (kernel.tuning or {}).get("source") in ("tuned", "cache", "memo")
@@ -254,7 +258,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
 
 
 def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str, Any]], library: Any,
-            device: str, own: cublas.OwnEpilogue | None = None) -> dict[str, Any]:
+            device: str, form: str | None = None) -> dict[str, Any]:
     """The config to run, by the autotuner (recorded in kernel.tuning). Triton candidates are checked
     once against cuBLAS's result (one run each, the baseline computed once) before they are timed."""
     from ..tune import Config, bench_ms, tune
@@ -283,7 +287,7 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
         compile_in_parallel([job for c in kept if c["backend"] == "triton"
                              for job in GemmLaunch(fn, gen, dict(c.values), device).warmup_jobs(args)])
 
-    key = _tune_key(gen, device, own)
+    key = _tune_key(gen, device, form)
     floor = floor_ms_of(kernel)
     if _paired(floor) and gemm_backend() == "auto":
         # weight-streaming but launch-bound: time the first Triton config against cuBLAS only
@@ -338,8 +342,7 @@ def build_preview(group: MatmulGroup, name: str,
             return gen, configs[:1], True
         exact = _exact_fp32(gen)   # the untimed pick: cuBLAS for exact fp32
         return gen, [] if exact else configs[:1], exact
-    own = cublas.own_epilogue(group, device) if device.startswith("cuda") else None
-    known = cached_choice(name, _tune_key(gen, device, own), _candidates(configs, gen))
+    known = cached_choice(name, _tune_key(gen, device, cublas.library_form(group, device)), _candidates(configs, gen))
     if known is not None:
         if known["backend"] == "cublas":
             return gen, [], True
@@ -347,12 +350,16 @@ def build_preview(group: MatmulGroup, name: str,
     return gen, configs, True
 
 
-def cublas_epilogue_runs(group: MatmulGroup, name: str, device: str) -> bool:
-    """Will the build run the cuBLAS candidate with the group's epilogue as a second launch, our
-    generated kernel named `{name}_epilogue` (compiled then, unless precompiled with the plan)?"""
+def cublas_second_launch(group: MatmulGroup, name: str, device: str) -> Any:
+    """The kernel group the build runs as the cuBLAS candidate's second launch, our generated kernel
+    named `{name}_epilogue` (compiled then, unless precompiled with the plan): the group's epilogue,
+    or the rest of it after a bias cuBLAS adds (cublas.bias_first); None when there is none."""
     if not group.epilogue_nodes or not device.startswith("cuda") or cublas.own_epilogue(group, device) is not None:
-        return False
-    return build_preview(group, name, device)[2]
+        return None
+    if not build_preview(group, name, device)[2]:
+        return None
+    split = cublas.bias_first(group, device)
+    return group.epilogue if split is None else split.rest
 
 
 def gemm_backend() -> str:
@@ -411,12 +418,12 @@ def _exact_fp32(gen: GeneratedGemm) -> bool:
     return 'input_precision="ieee"' in gen.source
 
 
-def _tune_key(gen: GeneratedGemm, device: str, own: cublas.OwnEpilogue | None = None) -> dict[str, Any]:
+def _tune_key(gen: GeneratedGemm, device: str, form: str | None = None) -> dict[str, Any]:
     key = {"source": gen.all_sources, "device": device, "torch": torch.__version__}
     if gemm_backend() == "triton":   # candidates without cuBLAS
         key["gemm_backend"] = "triton"
-    if own is not None:   # the cuBLAS candidate computes the epilogue itself: another candidate
-        key["cublas_epilogue"] = own.kind
+    if form is not None:   # the cuBLAS candidate computes (part of) the epilogue itself: another candidate
+        key["cublas_epilogue"] = form
     return key
 
 

@@ -60,7 +60,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     from ..ir.node import Node
     from . import triton_conv
     from .attention_kernel import attention_problem, attention_warmup_jobs
-    from .matmul_kernel import cublas_epilogue_runs, gemm_warmup_jobs
+    from .matmul_kernel import cublas_second_launch, gemm_warmup_jobs
 
     jobs: list[Any] = []
 
@@ -75,8 +75,9 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
         if isinstance(item, MatmulGroup):
             name = f"fg_k{k}_matmul"
             add(k, gemm_warmup_jobs, item, name, device, seen)
-            add(k, lambda: fused_warmup_jobs(item.epilogue, k, device, options, seen=seen, name=f"{name}_epilogue")
-                if cublas_epilogue_runs(item, name, device) else [])   # the cuBLAS candidate's second launch
+            second = cublas_second_launch(item, name, device)   # the cuBLAS candidate's second launch
+            add(k, lambda: fused_warmup_jobs(second, k, device, options, seen=seen, name=f"{name}_epilogue")
+                if second is not None else [])
         elif isinstance(item, RowColumnGroup):
             add(k, row_column_warmup_jobs, item, k, device, options, seen)
         elif isinstance(item, ConvGroup):
