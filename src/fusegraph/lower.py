@@ -88,6 +88,91 @@ def view_kernel(node: Node, strides: tuple[int, ...], offset: int) -> Kernel:
                   note="strided view of the input (no copy)")
 
 
+def common_refinement(src: Sequence[int], dst: Sequence[int]) -> tuple[int, ...] | None:
+    """The coarsest shape both `src` and `dst` (a reshape of it) are regroupings of, each of their dims
+    a run of its dims: [B, H*D] and [B*H, D] -> [B, H, D]; None where there is none ([2, 3] and
+    [3, 2]) or the tensor is empty. Cut points are the suffix products of both shapes; they must
+    divide one another."""
+    total = math.prod(src)
+    if total != math.prod(dst) or total == 0:
+        return None
+    cuts: set[int] = set()
+    for shape in (src, dst):
+        product = 1
+        for size in reversed(shape):
+            product *= size
+            cuts.add(product)
+    fine: list[int] = []
+    previous = 1
+    for cut in sorted(cuts):
+        if cut % previous:
+            return None
+        if cut != previous:
+            fine.append(cut // previous)
+        previous = cut
+    return tuple(reversed(fine))
+
+
+def refined_strides(shape: Sequence[int], strides: Sequence[int], fine: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a tensor of `shape`/`strides` read as `fine` (common_refinement of shape): each dim
+    split into its run of fine dims (a split is always a strided view)."""
+    out = [0] * len(fine)
+    j = len(fine) - 1
+    for size, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        covered, step = 1, stride
+        while covered < size:
+            out[j] = step
+            covered *= fine[j]
+            step *= fine[j]
+            j -= 1
+    return tuple(out)
+
+
+def reshape_copy_kernel(node: Node, name: str, compute_dtype: str, device: str) -> Kernel | None:
+    """A reshape that is no view of its input's layout (it regroups dims that are not contiguous in
+    memory: q.view(T, B*H, D) of a permuted projection), as our generated copy kernel instead of
+    torch's strided copy: the input read as the two shapes' common refinement (a strided view), written
+    row-major (to_layout "contiguous"), which is the reshape's own row-major layout. None where the
+    shapes have no common refinement or the result is not row-major (the reference copies it)."""
+    from .api import Graph as UserGraph
+    from .ir.spec import contiguous_strides
+
+    src = node.inputs[0]
+    fine = common_refinement(tuple(src.shape), tuple(node.shape))
+    if fine is None or len(fine) < 2 or node.multi_output or \
+            tuple(node.spec.memory_strides) != tuple(contiguous_strides(tuple(node.shape))):
+        return None
+    in_shape, in_strides = tuple(src.shape), tuple(src.spec.memory_strides)
+    fine_strides = refined_strides(in_shape, in_strides, fine)
+    g = UserGraph(name, compute_dtype=compute_dtype)
+    g.to_layout(g.tensor(fine, node.dtype, "x", strides=fine_strides), "contiguous").set_output()
+    try:
+        plan = g.build(device=device, cuda_graphs=False)
+    except Exception as err:  # codegen must never take the plan down: the reference copies it
+        warnings.warn(f"{name}: copy kernel not built ({type(err).__name__}: {err}); torch copies the reshape",
+                      FusionFallbackWarning, stacklevel=2)
+        return None
+    (copy,) = plan.kernels
+    shape = tuple(node.shape)
+    checked = tuple(k for k, size in enumerate(in_shape) if size > 1)
+
+    def launch(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        x = args[0]
+        got = x.stride()
+        if any(got[k] != in_strides[k] for k in checked):   # not the spec's layout: into it first
+            x = torch.empty_strided(in_shape, in_strides, dtype=x.dtype, device=x.device).copy_(x)
+        (out,) = copy.launch([x.as_strided(fine, fine_strides, x.storage_offset())])
+        return [out.view(shape)]
+
+    return Kernel(name=name, kind="pointwise", backend=copy.backend, nodes=(node,), inputs=(src,), outputs=(node,),
+                  cost=Cost(src.spec.nbytes + node.spec.nbytes, 0), launch=launch,
+                  source=f"# reshape {in_shape} -> {shape}: its input read as {fine} (strides {fine_strides}), "
+                         f"copied row-major by:\n{copy.source}", config=copy.config,
+                  note="reshape that is no view of its input: our copy kernel over the shapes' common refinement")
+
+
 def lower_reference(graph: Graph) -> list[Kernel]:
     return [node_kernel(node, graph.compute_dtype) for node in graph.nodes if node.op != "input"]
 
@@ -130,6 +215,8 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
                                            kind="view"))
             elif isinstance(item, Node):
                 kernels.append(compute_node_kernel(item, f"fg_k{k}_{item.op}", graph.compute_dtype, device)
+                               or (reshape_copy_kernel(item, f"fg_k{k}_reshape_copy", graph.compute_dtype, device)
+                                   if item.op == "reshape" and settings.reshape_copy_kernel else None)
                                or node_kernel(item, graph.compute_dtype, note="no code generation for this op",
                                               device=device))
             elif isinstance(item, RowColumnGroup):

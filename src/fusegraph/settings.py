@@ -189,6 +189,11 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
           "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
+_register("reshape_copy_kernel", bool, lambda: True,
+          "A reshape that is no view of its input's layout (it regroups dims that are not contiguous in memory, "
+          "as torchvision's attention does with q.view(T, B*H, D) of a permuted projection) runs as our generated "
+          "copy kernel over the two shapes' common refinement (lower.reshape_copy_kernel). Off: torch's strided "
+          "copy (the reference), which ran at about a third of the bytes' floor on the H200 in ViT-B/16.")
 _register("round_intermediates", bool, lambda: True,
           "Inside a generated kernel, every fp16/bf16 op's result is rounded to its dtype, as eager PyTorch "
           "rounds op by op. Off (Inductor's way): values stay fp32 in registers from load to store; explicit "
