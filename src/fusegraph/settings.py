@@ -188,7 +188,9 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "when the result or its reshape is a graph output (a training forward's activation function then "
           "joins the linear layer's epilogue; fusion/views.py). Off: only a reshape with one reader moves. "
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
-          "20261201_1348.txt): the GEMM then loses cuBLAS's own bias epilogue.")
+          "20261201_1348.txt): the GEMM then lost cuBLAS's own bias epilogue. With the bias-first cuBLAS "
+          "candidate (backends/cublas.bias_first) it still measured 18.650 against 17.559 ms "
+          "(bench/results/ab_gpt2_sink_shared_bias_first_20261202_0549.txt); why is not known.")
 _register("reshape_copy_kernel", bool, lambda: True,
           "A reshape that is no view of its input's layout (it regroups dims that are not contiguous in memory, "
           "as torchvision's attention does with q.view(T, B*H, D) of a permuted projection) runs as our generated "
@@ -213,7 +215,8 @@ _register("saved_views", bool, lambda: True,
           "them so, instead of a dense copy of each; off: copied dense.")
 _register("cublas_epilogues", bool, lambda: True,
           "The cuBLAS candidate of a GEMM computes a bias-add or fp32-cast epilogue itself (torch.addmm, "
-          "torch.mm(out_dtype=)) instead of a second launch.")
+          "torch.mm(out_dtype=)) instead of a second launch; an epilogue that starts with the bias and goes on "
+          "gets torch.addmm, then the rest as the second launch (backends/cublas.bias_first).")
 _register("conv_as_gemm", bool, lambda: True,
           "A 1x1, stride-1 convolution over dense channels-last operands (fp16/bf16), with its inference "
           "epilogue (batchnorm, residual, activation), gets one more autotuned candidate beside cuDNN: the same "
