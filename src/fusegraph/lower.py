@@ -146,15 +146,14 @@ def reshape_copy_kernel(node: Node, name: str, compute_dtype: str, device: str) 
         return None
     in_shape, in_strides = tuple(src.shape), tuple(src.spec.memory_strides)
     fine_strides = refined_strides(in_shape, in_strides, fine)
-    g = UserGraph(name, compute_dtype=compute_dtype)
-    g.to_layout(g.tensor(fine, node.dtype, "x", strides=fine_strides), "contiguous").set_output()
     try:
-        plan = g.build(device=device, cuda_graphs=False)
+        g = UserGraph(name, compute_dtype=compute_dtype)
+        g.to_layout(g.tensor(fine, node.dtype, "x", strides=fine_strides), "contiguous").set_output()
+        (copy,) = g.build(device=device, cuda_graphs=False).kernels
     except Exception as err:  # codegen must never take the plan down: the reference copies it
         warnings.warn(f"{name}: copy kernel not built ({type(err).__name__}: {err}); torch copies the reshape",
                       FusionFallbackWarning, stacklevel=2)
         return None
-    (copy,) = plan.kernels
     shape = tuple(node.shape)
     checked = tuple(k for k, size in enumerate(in_shape) if size > 1)
 
