@@ -28,6 +28,9 @@ from fusegraph.codegen import configs
 from fusegraph.perf.timing import device_time
 from fusegraph.settings import override
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_syncs_gpu import emit
+
 
 def reference(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
               res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,13 +81,9 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    out = open(os.path.join(os.environ["OUT"], "layernorm_bwd.txt"), "a") if os.environ.get("OUT") else None  # noqa: SIM115
 
     def say(text: str) -> None:
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-            out.flush()
+        emit(text, "layernorm_bwd.txt")
 
     n, d = args.tokens, args.features
     x = torch.randn(n, d, device="cuda")
@@ -130,8 +129,6 @@ def main() -> None:
     if args.sweep:
         configs._row_column_configs = sweep   # type: ignore[assignment]
         tuned("sweep")
-    if out:
-        out.close()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ from fusegraph.codegen import configs
 from fusegraph.perf.timing import device_time
 from fusegraph.settings import override
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_syncs_gpu import emit
+
 C = math.sqrt(2.0 / math.pi)
 # (kept, reduced, warps, tiles a program, pipeline stages): codegen/configs.SPLIT_STORE_TILES' form
 SWEEP = tuple((k, r, w, t, st) for k, r, w, t in (
@@ -71,13 +74,9 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=3072)
     parser.add_argument("--sweep", action="store_true", help="time the wider tile sweep, not only the shipped tiles")
     args = parser.parse_args()
-    out = open(os.path.join(os.environ["OUT"], "split_column.txt"), "a") if os.environ.get("OUT") else None  # noqa: SIM115
 
     def say(text: str) -> None:
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-            out.flush()
+        emit(text, "split_column.txt")
 
     n, f = args.tokens, args.features
     dy = torch.randn(n, f, device="cuda", dtype=torch.bfloat16)
@@ -151,8 +150,6 @@ def main() -> None:
     torch_lse = torch.compile(lambda t: torch.logsumexp(t.float(), dim=1, keepdim=True))
     torch_ms = device_time(lambda: torch_lse(logits), calls=20, repeats=5).ms
     say(f"torch.compile (Inductor) log-sum-exp: {torch_ms:.4f} ms")
-    if out:
-        out.close()
 
 
 if __name__ == "__main__":
