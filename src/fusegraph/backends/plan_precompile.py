@@ -51,6 +51,16 @@ def precompile_plan(items: Sequence[Any], device: str, options: dict[str, Any],
     return CompileStream(precompile_jobs(items, device, options, compute_dtype, set()))
 
 
+def _second_launch_jobs(item: Any, k: int, name: str, device: str, options: dict[str, Any],
+                        seen: set[str]) -> list[Any]:
+    """The compile jobs of the cuBLAS candidate's second launch (matmul_kernel.cublas_second_launch:
+    the epilogue, or what follows a bias cuBLAS adds), [] when that candidate has none or does not run."""
+    from .matmul_kernel import cublas_second_launch
+
+    second = cublas_second_launch(item, name, device)
+    return [] if second is None else fused_warmup_jobs(second, k, device, options, seen=seen, name=f"{name}_epilogue")
+
+
 def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], compute_dtype: str,
                     seen: set[str]) -> list[Any]:
     """The compile jobs of a plan's items (kernel k named as lower_fused names it), none for a kernel
@@ -60,7 +70,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     from ..ir.node import Node
     from . import triton_conv
     from .attention_kernel import attention_problem, attention_warmup_jobs
-    from .matmul_kernel import cublas_second_launch, gemm_warmup_jobs
+    from .matmul_kernel import gemm_warmup_jobs
 
     jobs: list[Any] = []
 
@@ -75,9 +85,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
         if isinstance(item, MatmulGroup):
             name = f"fg_k{k}_matmul"
             add(k, gemm_warmup_jobs, item, name, device, seen)
-            second = cublas_second_launch(item, name, device)   # the cuBLAS candidate's second launch
-            add(k, lambda: fused_warmup_jobs(second, k, device, options, seen=seen, name=f"{name}_epilogue")
-                if second is not None else [])
+            add(k, _second_launch_jobs, item, k, name, device, options, seen)   # the cuBLAS candidate's second launch
         elif isinstance(item, RowColumnGroup):
             add(k, row_column_warmup_jobs, item, k, device, options, seen)
         elif isinstance(item, ConvGroup):
