@@ -100,11 +100,11 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _check_training(model: nn.Module, *inputs: torch.Tensor) -> Any:
+def _check_training(model: nn.Module, *inputs: torch.Tensor, grad_tol: float = 1e-4) -> Any:
     """Forward and parameter gradients of a random projection of the output, compiled vs eager."""
     compiled = fg.compile(model)
     out = compiled(*inputs)
-    projection = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    projection = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     (out * projection).sum().backward()
     got = _grads(model)
     model.zero_grad()
@@ -112,7 +112,7 @@ def _check_training(model: nn.Module, *inputs: torch.Tensor) -> Any:
     (ref * projection).sum().backward()
     assert_close(out, ref, what="forward")
     for (name, _), g, r in zip(model.named_parameters(), got, _grads(model), strict=True):
-        assert_close(g, r, tol=1e-4, what=f"grad {name}")
+        assert_close(g, r, tol=grad_tol, what=f"grad {name}")
     return compiled
 
 
@@ -394,16 +394,20 @@ def test_qkv_views_saved_for_the_backward_are_not_copied(built_partitions):
 
 class Conv1DMLP(nn.Module):
     """GPT-2's MLP as Hugging Face writes it: addmm on the flattened tokens, viewed back to
-    [B, T, 4D], then the tanh GELU spelled out in Python (several reads of the viewed result)."""
+    [B, T, 4D], then the tanh GELU spelled out in Python (several reads of the viewed result).
+    `upcast`: the cube in fp32, as CUDA autocast runs torch.pow (the GELU's value then fp32 until
+    the cast back for the next GEMM)."""
 
-    def __init__(self, d: int = 16) -> None:
+    def __init__(self, d: int = 16, upcast: bool = False) -> None:
         super().__init__()
+        self.upcast = upcast
         self.w_fc, self.b_fc = nn.Parameter(torch.randn(d, 4 * d) * 0.2), nn.Parameter(torch.randn(4 * d) * 0.2)
         self.w_proj, self.b_proj = nn.Parameter(torch.randn(4 * d, d) * 0.2), nn.Parameter(torch.randn(d) * 0.2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.addmm(self.b_fc, x.view(-1, x.shape[-1]), self.w_fc).view(*x.shape[:-1], -1)
-        g = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        cube = torch.pow(h.float() if self.upcast else h, 3.0)
+        g = (0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * cube)))).to(h.dtype)
         return x + torch.addmm(self.b_proj, g.view(-1, g.shape[-1]), self.w_proj).view(x.shape)
 
 
@@ -412,13 +416,28 @@ def test_training_activation_fuses_into_the_linear_layer_it_reads(built_partitio
     the GELU reading that view several times still lands in the GEMM's epilogue (one matmul kernel
     with tanh, no separate pointwise kernel), and outputs and gradients match eager."""
     model, x = Conv1DMLP(), rand(2, 8, 16)
-    with override(sink_shared_reshapes=True):   # off by default (settings.py says why)
+    with override(sink_shared_reshapes=True):
         _check_training(model, x)
+    _assert_gelu_in_fc_epilogue(built_partitions)
+
+
+def test_upcast_activation_fuses_into_the_linear_layer_it_reads(built_partitions):
+    """As above with the cube in fp32 (CUDA autocast's torch.pow): the cast's value has several
+    readers below the sunk reshape. The reshape is sunk past them too, so the whole GELU is still
+    the GEMM's epilogue; before, sinking stopped at the cast, the GEMM stored the fp32 value, and
+    the GELU ran as two more kernels (GPT-2's step 18.89 against 17.64 ms on the H200)."""
+    model, x = Conv1DMLP(upcast=True).half(), rand(2, 8, 16, dtype=torch.float16)
+    with override(sink_shared_reshapes=True):
+        _check_training(model, x, grad_tol=2e-2)
+    _assert_gelu_in_fc_epilogue(built_partitions)
+
+
+def _assert_gelu_in_fc_epilogue(built_partitions: list[Any]) -> None:
     forward = next(p for p in built_partitions if p.record.name.startswith("forward"))
     kernels = [k for k in forward.plan.kernels if k.kind != "view"]
     fc = [k for k in kernels if k.kind == "matmul" and any(n.op == "tanh" for n in k.nodes)]
     assert len(fc) == 1, [(k.kind, [n.op for n in k.nodes]) for k in kernels]
-    assert not any(k.kind == "pointwise" and any(n.op == "tanh" for n in k.nodes) for k in kernels)
+    assert not any(k.kind == "pointwise" for k in kernels), [(k.kind, [n.op for n in k.nodes]) for k in kernels]
 
 
 class WideHead(nn.Module):

@@ -164,8 +164,7 @@ def sink_reshapes(graph: Graph) -> Graph:
     to_norm = feeds_row_reduction(graph, users) if settings.norm_residual else set()
     output_ids = {n.id for n in graph.outputs}
     shared = {n.id for n in graph.nodes if n.op == "reshape" and output_ids & {n.id, n.inputs[0].id} and
-              all(get_op(u.op).has(POINTWISE) and not u.multi_output and u.shape == n.shape
-                  for u in users.get(n.id, []))} if settings.sink_shared_reshapes else set()
+              _pointwise_readers_alike(n, users)} if settings.sink_shared_reshapes else set()
     from_matmul: dict[int, bool] = {}
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
@@ -176,8 +175,13 @@ def sink_reshapes(graph: Graph) -> Graph:
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         new = node.replace(inputs=inputs) if changed else node
         single = [len({u.id for u in users.get(i.id, [])}) == 1 or i.id in shared for i in node.inputs]
-        new = _batched_matmul_rule(new) or (None if node.id in to_norm else _sink_rule(new, single, from_matmul)) \
-            or new
+        sunk = None if node.id in to_norm else _sink_rule(new, single, from_matmul)
+        if sunk is not None and shared and any(i.id in shared for i in node.inputs) and \
+                _pointwise_readers_alike(node, users):
+            # the reshape now above this node's readers is shared as the one it came from was: sinking
+            # stops only where the chain ends, not half-way with the value stored to be reshaped
+            shared.add(node.id)
+        new = _batched_matmul_rule(new) or sunk or new
         if new.op == "reshape" and new.inputs[0].op == "reshape":   # reshape(reshape(y)): one reshape
             inner_src = new.inputs[0].inputs[0]
             collapsed = inner_src if inner_src.shape == new.shape else \
@@ -191,6 +195,12 @@ def sink_reshapes(graph: Graph) -> Graph:
     if all(a is b for a, b in zip(outputs, graph.outputs, strict=True)):
         return graph
     return graph.with_(outputs=outputs)
+
+
+def _pointwise_readers_alike(node: Node, users: dict[int, list[Node]]) -> bool:
+    """Is every reader of `node` a single-output pointwise op of its shape (each then sunk alike)?"""
+    return all(get_op(u.op).has(POINTWISE) and not u.multi_output and u.shape == node.shape
+               for u in users.get(node.id, []))
 
 
 def feeds_row_reduction(graph: Graph, users: dict[int, list[Node]]) -> set[int]:
