@@ -293,6 +293,10 @@ def test_tma_descriptor_path_matches_reference(trans_a: bool, trans_b: bool, bat
     assert isinstance(group, MatmulGroup)
     gen = generate_gemm(group, f"tma_test_{int(trans_a)}{int(trans_b)}{len(batch)}")
     assert gen.tma and "tl.make_tensor_descriptor" in gen.source
+    # a 2-D product stores its fp16 tile through a descriptor (its shared-memory tile counts in the configs'
+    # stages); a batched one stores through pointers
+    assert gen.tma_store_itemsize == (0 if batch else 2)
+    assert ("_desc.store(" in gen.source) is not bool(batch)
     tma_configs = [c for c in gemm_configs(gen.geometry, tma=True) if c.get("USE_TMA")]
     assert tma_configs
     launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, dict(tma_configs[0], BLOCK_K=32), "cpu")

@@ -73,6 +73,28 @@ def test_pipeline_stages_fit_shared_memory():
         assert c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 4 <= 232448
 
 
+@pytest.mark.parametrize("store_itemsize", [2, 4, 6])
+def test_tma_store_tiles_fit_beside_the_pipeline(store_itemsize):
+    """A TMA store stages a BLOCK_M x BLOCK_N tile in shared memory: with it, GPT-2's 128x256 persistent
+    tile at 4 stages (bf16 store: 263200 bytes on the H200) or 3 stages (fp32 store: 278552) failed to
+    load after compiling. Now every TMA candidate fits with its stores, keeps >= 3 stages, and a tile
+    that cannot is not a candidate; the pointer-path configs keep their stages."""
+    from fusegraph.codegen.gemm_configs import SMEM_BYTES, gemm_candidates
+
+    geo = geometry(8192, 3072, 768)
+    configs = gemm_candidates(geo, tma=True, store_itemsize=store_itemsize)
+    tma = [c for c in configs if c.get("USE_TMA")]
+    assert tma and len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+    for c in tma:
+        pipeline = c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
+        assert pipeline + c["BLOCK_M"] * c["BLOCK_N"] * store_itemsize + 1056 <= SMEM_BYTES, c
+        assert c["num_stages"] >= 3
+    big = [c for c in tma if c.get("VARIANT") == "persistent" and (c["BLOCK_M"], c["BLOCK_N"]) == (128, 256)]
+    assert [c["num_stages"] for c in big] == ([3] if store_itemsize == 2 else [])
+    plain = [c for c in configs if not c.get("USE_TMA")]
+    assert plain == [c for c in gemm_candidates(geo, tma=True) if not c.get("USE_TMA")]
+
+
 def test_tiny_problem_keeps_one_tile():
     configs = gemm_configs(geometry(8, 32, 16, (4,)))
     assert tiles(configs) == [(16, 32, 16, False)]

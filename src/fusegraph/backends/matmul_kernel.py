@@ -432,7 +432,7 @@ def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> lis
     where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
     return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
-                           warp_specialize=_capability(device) >= 10)
+                           warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize)
 
 
 def _capability(device: str) -> int:

@@ -35,6 +35,7 @@ SPLIT_K_TILES = ((64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 4, 3), (32, 256, 4
 
 SMS = 132                   # streaming multiprocessors of an H100/H200, when no GPU says otherwise
 SMEM_BYTES = 232448         # shared memory one program may use on Hopper (227 KiB)
+TMA_STORE_SLACK = 2048      # barriers and alignment beside the tiles of a kernel with TMA stores (seen: 1056)
 SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill the GPU (+ cuBLAS: 4)
 # Candidate counts, pruned by what won: every candidate's time in cold compiles of ResNet-50 and the
 # GPT-2 step on an H200 (results/choices_*_20261202_0529.txt, ranked by bench/choices_ranks.py). In
@@ -72,15 +73,26 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _fit_stages(bm: int, bn: int, bk: int, stages: int, itemsize: int) -> int | None:
-    """num_stages lowered until the operand pipeline fits shared memory; None if 2 do not fit."""
-    while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
+def _fit_stages(bm: int, bn: int, bk: int, stages: int, itemsize: int, store_itemsize: int = 0) -> int | None:
+    """num_stages lowered until the operand pipeline fits shared memory; None if 2 do not fit.
+
+    `store_itemsize`: bytes per output element that TMA stores stage through shared memory (the sum over
+    the stored outputs: each takes a BLOCK_M x BLOCK_N tile next to the pipeline). Triton's allocation
+    is these two plus about a KiB of barriers: 263200 bytes for 4 stages of 128x256x64 bf16 and a bf16
+    store, 278552 for 3 stages and an fp32 store (OutOfResources in GPT-2's step on the H200). Such a
+    config keeps at least 3 stages or is dropped: a 2-stage pipeline of the big tile does not pay its
+    compile."""
+    def need(n: int) -> int:
+        return n * (bm + bn) * bk * itemsize + (bm * bn * store_itemsize + TMA_STORE_SLACK if store_itemsize else 0)
+
+    lowest = 3 if store_itemsize else 2
+    while stages > lowest and need(stages) > SMEM_BYTES:
         stages -= 1
-    return None if stages * (bm + bn) * bk * itemsize > SMEM_BYTES else stages
+    return None if need(stages) > SMEM_BYTES else stages
 
 
 def gemm_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
-                 limit: bool = True) -> list[dict[str, Any]]:
+                 limit: bool = True, store_itemsize: int = 0) -> list[dict[str, Any]]:
     """Tile candidates of the tiled kernel, best first by `tile_cost`, pruned to what is worth compiling.
 
     Rules: tiles are clipped to the problem padded to a power of two (tl.dot needs every side >= 16)
@@ -89,25 +101,38 @@ def gemm_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, i
     (waves over `sms` x the work of one tile / its efficiency). With `limit`: a problem that 128x128
     tiles do not spread over every SM keeps SMALL_PROBLEM_TRITON candidates, larger ones keep
     LARGE_PROBLEM_TRITON; with `tma` the best LARGE_PROBLEM_TMA (small problems: 1) of those also
-    read through TMA descriptors (Hopper), within the same count for small problems."""
+    read through TMA descriptors (Hopper), within the same count for small problems. A TMA config
+    whose stores (`store_itemsize`, see _fit_stages) leave too little shared memory for its pipeline
+    gets fewer stages, or is not a candidate: compiled, it would fail to load."""
     out = _clipped_tiles(geometry, GEMM_TILES, itemsize)
     out.sort(key=lambda c: tile_cost(geometry, c, sms))  # stable: ties keep GEMM_TILES' order
     if not limit:
-        return out + ([dict(c, USE_TMA=True) for c in out[:3]] if tma else [])
+        return out + (_with_tma(out[:3], itemsize, store_itemsize) if tma else [])
     if small_problem(geometry, sms):
         keep = out[:SMALL_PROBLEM_TRITON - 1 if tma and len(out) > 1 else SMALL_PROBLEM_TRITON]
-        return keep + ([dict(keep[0], USE_TMA=True)] if tma else [])
+        return keep + (_with_tma(keep[:1], itemsize, store_itemsize) if tma else [])
     keep = out[:LARGE_PROBLEM_TRITON]
-    return keep + ([dict(c, USE_TMA=True) for c in keep[:LARGE_PROBLEM_TMA]] if tma else [])
+    return keep + (_with_tma(keep[:LARGE_PROBLEM_TMA], itemsize, store_itemsize) if tma else [])
 
 
-def _clipped_tiles(geometry: GemmGeometry, table: tuple[tuple[int, ...], ...], itemsize: int) -> list[dict[str, Any]]:
+def _with_tma(configs: list[dict[str, Any]], itemsize: int, store_itemsize: int) -> list[dict[str, Any]]:
+    """These configs reading through TMA descriptors, their stages refitted beside the TMA stores' tiles."""
+    out = []
+    for c in configs:
+        fitted = _fit_stages(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_stages"], itemsize, store_itemsize)
+        if fitted is not None:
+            out.append(dict(c, USE_TMA=True, num_stages=fitted))
+    return out
+
+
+def _clipped_tiles(geometry: GemmGeometry, table: tuple[tuple[int, ...], ...], itemsize: int,
+                   store_itemsize: int = 0) -> list[dict[str, Any]]:
     cap_m, cap_n, cap_k = (max(16, next_pow2(x)) for x in (geometry.m, geometry.n, geometry.k))
     out: list[dict[str, Any]] = []
     seen: set[tuple[int, int, int, int]] = set()
     for bm, bn, bk, gm, warps, stages in table:
         bm, bn, bk = min(bm, cap_m), min(bn, cap_n), min(bk, cap_k)
-        fitted = _fit_stages(bm, bn, bk, stages, itemsize)
+        fitted = _fit_stages(bm, bn, bk, stages, itemsize, store_itemsize)
         if fitted is None or (bm, bn, bk, fitted) in seen:
             continue
         if table is GEMM_TILES and any(s[:3] == (bm, bn, bk) for s in seen):
@@ -119,15 +144,16 @@ def _clipped_tiles(geometry: GemmGeometry, table: tuple[tuple[int, ...], ...], i
 
 
 def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
-                       warp_specialize: bool = False) -> list[dict[str, Any]]:
+                       warp_specialize: bool = False, store_itemsize: int = 0) -> list[dict[str, Any]]:
     """Persistent-kernel candidates (VARIANT "persistent"): only for problems with more tiles than
     programs (one wave gains nothing from persistence). NUM_PROGRAMS = SMs shared over the batch.
-    With `tma` the candidates read through TMA descriptors (Hopper). `warp_specialize`: the loop is
+    With `tma` the candidates read through TMA descriptors (Hopper), with stages that leave room for
+    the TMA stores' tiles (`store_itemsize`, see _fit_stages). `warp_specialize`: the loop is
     warp-specialized (Triton 3.6 supports it on Blackwell only; never asked for on Hopper)."""
     if small_problem(geometry, sms):
         return []
     out = []
-    for c in _clipped_tiles(geometry, PERSISTENT_TILES, itemsize):
+    for c in _clipped_tiles(geometry, PERSISTENT_TILES, itemsize, store_itemsize if tma else 0):
         programs = max(1, sms // max(1, geometry.batch_numel))
         tiles = _cdiv(geometry.m, c["BLOCK_M"]) * _cdiv(geometry.n, c["BLOCK_N"])
         if tiles <= programs:
@@ -170,10 +196,12 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
-                    warp_specialize: bool = False) -> list[dict[str, Any]]:
-    """Every generated-kernel candidate of a GEMM: tiled, then persistent, then split-K."""
-    return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize)
-            + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize)
+                    warp_specialize: bool = False, store_itemsize: int = 0) -> list[dict[str, Any]]:
+    """Every generated-kernel candidate of a GEMM: tiled, then persistent, then split-K.
+    `store_itemsize`: bytes per element of the outputs the TMA path stores through descriptors."""
+    return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
+            + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
+                                 store_itemsize=store_itemsize)
             + split_k_configs(geometry, sms=sms, itemsize=itemsize))
 
 

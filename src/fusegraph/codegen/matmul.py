@@ -59,6 +59,9 @@ class GeneratedGemm:
     variants: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     # outputs (by position) reduced with tl.atomic_max into an fp32 scratch that starts at -inf
     atomic_max_outputs: tuple[int, ...] = ()
+    # bytes per output element written through TMA descriptor stores on the TMA path (summed over those
+    # outputs): each stages a BLOCK_M x BLOCK_N tile in shared memory beside the operand pipeline
+    tma_store_itemsize: int = 0
 
     def source_of(self, variant: str) -> str:
         return self.source if variant == "tiled" else self.variants[variant][1]
@@ -171,8 +174,10 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
     if gemv_covers(tiled.geo):
         variants["gemv"] = ((f"{name}_gemv",), HEADER + _GemmWriter(group, f"{name}_gemv").write_gemv())
     atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
+    by_key = {e.key: e.node for e in group.epilogue.stores}
+    store_itemsize = sum(dtypes.itemsize(by_key[key].dtype) for key in tiled.tma_stores)
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
-                         variants=variants, atomic_max_outputs=atomic)
+                         variants=variants, atomic_max_outputs=atomic, tma_store_itemsize=store_itemsize)
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")
