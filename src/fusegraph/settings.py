@@ -190,7 +190,10 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "Off by default: GPT-2's step took 20.34 ms with it, 19.25 without (bench/results/ab_gpt2_sink_shared_"
           "20261201_1348.txt): the GEMM then lost cuBLAS's own bias epilogue. With the bias-first cuBLAS "
           "candidate (backends/cublas.bias_first) it still measured 18.650 against 17.559 ms "
-          "(bench/results/ab_gpt2_sink_shared_bias_first_20261202_0549.txt); why is not known.")
+          "(bench/results/ab_gpt2_sink_shared_bias_first_20261202_0549.txt): sinking stopped at the GELU's fp32 "
+          "cast, so the GEMM stored an fp32 value and the GELU ran as two kernels. Sunk to the chain's end, the GELU "
+          "is the GEMM's epilogue and the autotuner runs it as cuBLAS + the epilogue's launch, as without the "
+          "setting: 18.057 against 18.063 ms (bench/results/ab_gpt2_sink_shared_chain_20261202_0647.txt).")
 _register("reshape_copy_kernel", bool, lambda: True,
           "A reshape that is no view of its input's layout (it regroups dims that are not contiguous in memory, "
           "as torchvision's attention does with q.view(T, B*H, D) of a permuted projection) runs as our generated "
