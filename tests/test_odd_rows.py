@@ -129,10 +129,11 @@ def _vector_ops(ptx: str) -> set[str]:
     return {o for o in re.findall(r"(?:ld|st)\.global[.\w]*", ptx) if ".v4" in o}
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 def test_row_reduction_over_padded_rows_loads_16_byte_vectors(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path, prefetch: bool) -> None:
     """A log-sum-exp over padded rows (the forward's cross-entropy over padded logits), sm_90 PTX:
-    vector loads in the full chunks."""
+    vector loads in the full chunks, with and without the next chunk's loads issued ahead."""
     _only(monkeypatch, "reduction", {"ROWS": 2, "BLOCK_C": 1024, "SINGLE": False, "num_warps": 4})
     g = fg.Graph(name="lse_padded")
     x = g.tensor((ROWS, VOCAB), "float16", "x", strides=(PADDED, 1))
@@ -140,7 +141,7 @@ def test_row_reduction_over_padded_rows_loads_16_byte_vectors(monkeypatch: pytes
     m = g.max(xf, dim=1, keepdim=True)
     g.add(g.log(g.sum(g.exp(g.sub(xf, m)), dim=1, keepdim=True)), m).set_output()
     (kernel,) = g.build(device="cpu").kernels
-    consts = {"ROWS": 2, "BLOCK_C": 1024, "SINGLE": False, "USE_PDL": False}
+    consts = {"ROWS": 2, "BLOCK_C": 1024, "SINGLE": False, "STAGES": 1, "PREFETCH": prefetch, "USE_PDL": False}
     ptx = sm90_ptx(kernel.source, kernel.name, consts, {"in0": "*fp16", "out0": "*fp32"}, tmp_path)
     assert any(o.startswith("ld.global") for o in _vector_ops(ptx)), ptx[-2000:]
 

@@ -19,7 +19,7 @@ import torch
 from .codegen.compile import interpreting, load_triton_function
 from .codegen.configs import MAX_ROW_BLOCK, candidate_configs, heuristic_config_ok, launch_parameters
 from .codegen.triton_gen import generate
-from .fusion.partition import KernelGroup, RowColumnGroup, is_literal, partition_graph
+from .fusion.partition import KernelGroup, RowColumnGroup, gather_source, is_literal, partition_graph
 from .ir import dtypes
 from .ir.graph import Graph
 from .ir.node import Node
@@ -228,8 +228,16 @@ def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None
 
 
 def group_cost(group: KernelGroup) -> Cost:
-    """What the kernel must move (each value read once, each output written once) and its FLOPs."""
-    nbytes = sum(n.spec.nbytes for n in group.inputs) + sum(e.node.spec.nbytes for e in group.stores)
+    """What the kernel must move (each value read once, each output written once) and its FLOPs. A
+    table read only through gathers counts the rows gathered (at most the table), not the table."""
+    gathered: dict[int, int] = {}
+    for e in group.entries:
+        if e.kind == "gather":
+            table = gather_source(e.node)
+            gathered[table.id] = gathered.get(table.id, 0) + e.node.spec.numel * table.spec.itemsize
+    loaded = {e.node.id for e in group.loads}
+    nbytes = sum(min(n.spec.nbytes, gathered[n.id]) if n.id in gathered and n.id not in loaded else n.spec.nbytes
+                 for n in group.inputs) + sum(e.node.spec.nbytes for e in group.stores)
     flops = 0
     for node in group.nodes:
         flops += get_op(node.op).cost([i.spec for i in node.inputs], list(node.specs), node.attrs).flops

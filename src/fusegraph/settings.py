@@ -194,6 +194,10 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "cast, so the GEMM stored an fp32 value and the GELU ran as two kernels. Sunk to the chain's end, the GELU "
           "is the GEMM's epilogue and the autotuner runs it as cuBLAS + the epilogue's launch, as without the "
           "setting: 18.057 against 18.063 ms (bench/results/ab_gpt2_sink_shared_chain_20261202_0647.txt).")
+_register("fuse_gathers", bool, lambda: True,
+          "An embedding lookup or an index_select of a graph input (a weight, a rotary table, a mask) is read by "
+          "the kernel that uses its rows, at the gathered row (fusion/partition.py, 'gather' entries): no launch "
+          "and no buffer for the selected rows. Off: torch runs the lookup as its own launch.")
 _register("reshape_copy_kernel", bool, lambda: True,
           "A reshape that is no view of its input's layout (it regroups dims that are not contiguous in memory, "
           "as torchvision's attention does with q.view(T, B*H, D) of a permuted projection) runs as our generated "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, pad_expr, range_mask
-from ..fusion.partition import Entry, KernelGroup
+from ..fusion.partition import Entry, KernelGroup, gather_index_embedding, gather_source
 from ..ir import dtypes
 from ..ir.node import Node
 from ..ir.registry import get_op
@@ -134,6 +134,10 @@ class _Writer:
             self.emit(f"{entry.key} = {self._generator(entry, dimvar)}", indent)
             self.expr[entry.key] = entry.key
             return
+        if entry.kind == "gather":
+            self.emit(f"{entry.key} = {self._table_load(entry, mask, dimvar)}", indent)
+            self.expr[entry.key] = entry.key
+            return
         if entry.kind == "load":
             ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
             inside = range_mask(entry.node, entry.emb, self.domain.shape, dimvar)   # concat inputs
@@ -166,6 +170,28 @@ class _Writer:
                 expr = f"({expr}).to({TL_DTYPE[entry.node.dtype]}).to(tl.float32)"
             self.emit(f"{entry.key} = {expr}", indent)
         self.expr[entry.key] = entry.key
+
+    def _table_load(self, entry: Entry, mask: str, dimvar: dict[int, str]) -> str:
+        """The table element a gather entry reads: the index value (an entry computed before it) picks
+        the row of the selected dim, the entry's embedding places the other dims. An index outside the
+        table reads 0 (masked) instead of memory past it; torch raises for one."""
+        node = entry.node
+        table = gather_source(node)
+        _, _, dim = gather_index_embedding(node, entry.emb)
+        strides = table.spec.memory_strides
+        if node.op == "embedding":   # weight[indices[...], j]: the output's last dim is the weight's
+            other = {1: entry.emb[-1]}
+        else:                        # x[..., index[i_d], ...]: every other dim as the output's
+            other = {k: entry.emb[k] for k in range(table.spec.rank) if k != dim}
+        row = f"{self.expr[entry.args[0]]}.to(tl.int64)" if self.wide else self.expr[entry.args[0]]
+        terms = [row if strides[dim] == 1 else f"{row} * {strides[dim]}"]
+        for k, d in other.items():
+            if d is not None and table.shape[k] != 1:
+                index = index_expr(d, dimvar)
+                terms.append(index if strides[k] == 1 else f"{index} * {strides[k]}")
+        inside = f"({row} >= 0) & ({row} < {table.shape[dim]})"
+        load = f"tl.load({self.ptr[table.id]} + {' + '.join(terms)}, mask=({mask}) & {inside}, other=0)"
+        return load + ".to(tl.float32)" if dtypes.is_float(table.dtype) else load
 
     def _generator(self, entry: Entry, dimvar: dict[int, str]) -> str:
         node = entry.node
@@ -338,8 +364,8 @@ class _PointwiseWriter(_Writer):
         contiguous = strides_for_order(shape, order)
         index_lines, dimvar = _index_vars(shape, order[:-1], "row", "i")
         dimvar[inner] = "cols"
-        if any(e.kind == "gen" or (e.kind == "load" and not self._per_row(e, inner) and not self._scalar(e)
-                                   and not self._linear(e, contiguous)) for e in self.group.entries) \
+        if any(e.kind in ("gen", "gather") or (e.kind == "load" and not self._per_row(e, inner) and not self._scalar(e)
+                                               and not self._linear(e, contiguous)) for e in self.group.entries) \
                 or not all(self._linear(e, contiguous) for e in self.group.stores):
             for line in index_lines:   # a generator, a strided operand or a padded store needs the row's indices
                 self.emit(line)
@@ -389,7 +415,7 @@ class _PointwiseWriter(_Writer):
         # e.g. NHWC) stay coalesced; for row-major outputs this is the plain flat index.
         index_lines, dimvar = _index_vars(shape, order, "offs", "i")
         contiguous = strides_for_order(shape, order)
-        needs_index = any(e.kind == "gen" or e.node.op in ("concat", "pad") for e in self.group.entries)
+        needs_index = any(e.kind in ("gen", "gather") or e.node.op in ("concat", "pad") for e in self.group.entries)
         for e in self.group.entries:
             if e.kind == "load" and not self._linear(e, contiguous):
                 needs_index = True

@@ -12,6 +12,10 @@ each its own group, and merges an anchor into the group that produces what it re
 domains agree (same F; a pointwise store of shape F or of a row shape joins a reduction over F)
 and the kernel graph stays acyclic. Inside a kernel each value is placed by an Embedding: for each of its dims, the
 dim of F it indexes (None where it is broadcast), so broadcasting is index arithmetic.
+
+An embedding lookup or index_select of a graph input (a weight, a rotary table) is a "gather" entry:
+the kernel computes or loads the index, then loads the table at that row (is_gather), so the rows
+never go through a buffer of their own and the lookup is no launch of its own.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class Entry:
     key: str
     node: Node
     emb: Embedding
-    kind: str                     # load | literal | op | gen (index generator) | view | reduce
+    kind: str                     # load | literal | op | gen (index generator) | view | reduce | gather
     args: tuple[str, ...] = ()
     full: bool = True             # depends on a reduced index (else: one value per kept index)
     stage: int = 0                # how many sequential reductions it waits for
@@ -112,17 +116,21 @@ class KernelGroup:
 
     @property
     def inputs(self) -> list[Node]:
-        """Distinct materialized values read, in first-use order."""
+        """Distinct materialized values read: the loads in first-use order, then the tables of gathers."""
         seen: dict[int, Node] = {}
         for e in self.loads:
             seen.setdefault(e.node.id, e.node)
+        for e in self.entries:
+            if e.kind == "gather":
+                source = gather_source(e.node)
+                seen.setdefault(source.id, source)
         return list(seen.values())
 
     @property
     def nodes(self) -> list[Node]:
         seen: dict[int, Node] = {}
         for e in self.entries:
-            if e.kind in ("op", "gen", "view", "reduce"):
+            if e.kind in ("op", "gen", "view", "reduce", "gather"):
                 seen.setdefault(e.node.id, e.node)
         return list(seen.values())
 
@@ -212,6 +220,8 @@ def _fusable(node: Node) -> bool:
         return False
     if any(not _supported_dtype(s.dtype) for s in (node.spec, *(i.spec for i in node.inputs))):
         return False
+    if node.op in GATHERS:
+        return is_gather(node)
     if node.op == "concat":   # selects of shifted loads (index_map)
         return concat_fusable(node)
     if node.op == "pad":      # a select of a shifted, range-masked load (index_map)
@@ -227,6 +237,39 @@ def _fusable(node: Node) -> bool:
             return False
         return True
     return opdef.has(POINTWISE) and opdef.triton is not None
+
+
+# ops that read a table at rows chosen by an integer index: (table input position, index input position)
+GATHERS = {"embedding": (1, 0), "index_select": (0, 1)}
+
+
+def is_gather(node: Node) -> bool:
+    """An embedding lookup or index_select a kernel reads in place (settings.fuse_gathers): its table
+    is a graph input (a weight, a rotary table: there before any kernel runs, never written by the
+    plan) and its index at most 1-D for index_select. The row is data: the kernel loads the index,
+    then the table at that row."""
+    if node.op not in GATHERS or not settings.fuse_gathers:
+        return False
+    table, index = (node.inputs[k] for k in GATHERS[node.op])
+    if table.op != "input" or not dtypes.is_int(index.dtype) or table.spec.rank == 0:
+        return False
+    return node.op == "embedding" or index.spec.rank <= 1
+
+
+def gather_source(node: Node) -> Node:
+    """The table a gather node reads."""
+    return node.inputs[GATHERS[node.op][0]]
+
+
+def gather_index_embedding(node: Node, emb: Embedding) -> tuple[Node, Embedding, int]:
+    """(index node, its embedding, the table dim it selects) of a gather node placed at `emb`:
+    embedding(indices, weight)[i..., j] = weight[indices[i...], j]; index_select(x, d, index)[..., i_d, ...]
+    = x[..., index[i_d], ...]."""
+    if node.op == "embedding":
+        index = node.inputs[0]
+        return index, tuple(None if s == 1 else emb[k] for k, s in enumerate(index.shape)), 0
+    index, dim = node.inputs[1], int(node.attrs["dim"]) % node.spec.rank
+    return index, ((None if index.shape[0] == 1 else emb[dim],) if index.spec.rank == 1 else ()), dim
 
 
 def is_unit_reduction(node: Node) -> bool:
@@ -353,6 +396,11 @@ def trace_group(group: KernelGroup, boundary: set[int]) -> None:
             entry = Entry("", node, emb, "load", full=_is_full(emb, domain))
         elif kind == "gen":
             entry = Entry("", node, emb, "gen", full=_is_full(emb, domain))
+        elif kind == "gather":   # the table at the row the index names (codegen: two dependent loads)
+            index, index_emb, _ = gather_index_embedding(node, emb)
+            arg = visit(index, index_emb)
+            entry = Entry("", node, emb, "gather", (arg.key,), full=arg.full or _is_full(emb, domain),
+                          stage=arg.stage)
         elif kind == "view":
             arg = visit(node.inputs[0], view_input_embedding(node, emb))
             entry = Entry("", node, emb, "view", (arg.key,), full=arg.full, stage=arg.stage)
@@ -398,7 +446,7 @@ _TRACE_KIND: weakref.WeakKeyDictionary[Node, str] = weakref.WeakKeyDictionary()
 
 def _trace_kind(node: Node) -> str:
     """What trace_group does with a node, boundaries aside (remembered per node): "literal",
-    "load" (a graph input or not fusable), "gen", "view", "reduce", "concat", "pad" or "op"."""
+    "load" (a graph input or not fusable), "gen", "gather", "view", "reduce", "concat", "pad" or "op"."""
     known = _TRACE_KIND.get(node)
     if known is None:
         opdef = get_op(node.op)
@@ -408,6 +456,8 @@ def _trace_kind(node: Node) -> str:
             known = "load"
         elif is_generator(node):
             known = "gen"
+        elif node.op in GATHERS:
+            known = "gather"
         elif opdef.has(VIEW) or is_unit_reduction(node):
             known = "view"
         elif opdef.has(REDUCTION):
