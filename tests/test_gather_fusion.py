@@ -159,3 +159,26 @@ def test_wide_rows_gathered_in_every_pointwise_body(monkeypatch: pytest.MonkeyPa
     assert kernel.kind == "pointwise" and kernel.config.get("ROW_TILED") == body
     xs = [torch.tensor([[10, 0, 4], [4, 7, 1]]), torch.randn(11, 4160).half(), torch.randn(2, 3, 4160).half()]
     assert_close(plan(*xs), fg.reference(g)(*xs), what=f"gathered rows, body {body}")
+
+
+def test_rows_of_a_viewed_buffer_are_gathered_from_the_buffer() -> None:
+    """A decode step's mask row: index_select(reshape(mask, [1, 1, S, S]), 2, pos) is rewritten to
+    reshape(index_select(mask, 0, pos)) (passes/simplify.py), so the lookup reads the graph input and
+    joins the kernel that uses the row. A reshape that merges dims is left alone."""
+    g = fg.Graph("mask_row")
+    mask = g.tensor((16, 16), "bool", "mask")
+    pos = g.tensor((1,), "int64", "pos")
+    row = g.index_select(g.reshape(mask, (1, 1, 16, 16)), 2, pos)
+    g.where(row, g.tensor((1, 1, 1, 16), "float32", "x"), -1.0).set_output()
+    plan = g.build(device="cpu")
+    ops = _ops(plan)
+    assert len(ops) == 1 and ops[0].startswith("pointwise/triton:") and "index_select" in ops[0], ops
+    xs = [torch.rand(16, 16) > 0.5, torch.tensor([11]), torch.randn(1, 1, 1, 16)]
+    assert_close(plan(*xs), fg.reference(g)(*xs), what="mask row")
+
+    merged = fg.Graph("merged_view")
+    table = merged.tensor((4, 6, 8), "float32", "table")
+    picked = merged.index_select(merged.reshape(table, (24, 8)), 0, merged.tensor((3,), "int64", "i"))
+    merged.relu(picked).set_output()
+    ops = _ops(merged.build(device="cpu"))
+    assert any(op.startswith("library/") and "index_select" in op for op in ops), ops

@@ -337,6 +337,22 @@ def _reduce_through_reshape(node: Node, inner: Node, x: Node, mid: Node | None =
     return rebuild(node, "reshape", [total], shape=tuple(node.shape))
 
 
+def _select_through_reshape(node: Node, inner: Node, x: Node, index: Node) -> Node | None:
+    """index_select(reshape(x), dim, index) where the reshape only adds or drops size-1 dims and `dim`
+    is one of x's: x's rows selected, then reshaped (a mask buffer viewed [1, 1, S, S] and read at the
+    decode position: the lookup then reads the buffer itself, a graph input a kernel can gather from)."""
+    dim = int(node.attrs["dim"]) % max(len(inner.shape), 1)
+    big_in = [d for d, size in enumerate(inner.shape) if size != 1]
+    big_x = [d for d, size in enumerate(x.shape) if size != 1]
+    if dim not in big_in or [inner.shape[d] for d in big_in] != [x.shape[d] for d in big_x]:
+        return None
+    try:
+        selected = emitter_for(node).op("index_select", x, index, dim=big_x[big_in.index(dim)])
+    except FusegraphError:
+        return None
+    return rebuild(node, "reshape", [selected], shape=tuple(node.shape))
+
+
 VIEWS = ("permute", "transpose")
 RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     # additive / multiplicative identities (x+0 ignores the sign of zero, see above)
@@ -360,6 +376,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
     (P(("sum", "max", "min"), P("cast", P("reshape", V("x"), name="inner"), name="mid")), _reduce_through_reshape),
     (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
+    (P("index_select", P("reshape", V("x"), name="inner"), V("index")), _select_through_reshape),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
 ]
 
