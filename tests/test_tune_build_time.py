@@ -120,6 +120,32 @@ def test_floor_above_threshold_or_rule_off_tunes(gpu):
     assert result.source == "tuned"
 
 
+@pytest.mark.parametrize("ratio", [1.5, 0.0])
+def test_a_clear_loser_stops_after_its_first_timed_calls(gpu, ratio):
+    """tune_early_stop: once a candidate has a time, a later one whose first EARLY_STOP_REPS timed calls
+    have a median above best x ratio is not timed further (tune/timing.losing_above); 0 times it in full.
+    The choice is the same either way, and a close candidate is always timed in full."""
+    sleeps = {1: 0.0005, 2: 0.003, 3: 0.0006}     # seconds per call: 2 loses by 6x, 3 is within 1.5x
+    calls = {1: 0, 2: 0, 3: 0}
+
+    def run(block: int) -> None:
+        calls[block] += 1
+        time.sleep(sleeps[block])
+
+    def bench(c: Config) -> float:
+        return timing.bench_ms(lambda: run(c["BLOCK"]))
+
+    with override(tune_early_stop=ratio, tune_min_floor_us=0):
+        result = tune(f"early_stop_{ratio}", {"k": 9}, CANDIDATES, bench, floor_ms=0.1)
+    assert result.config == CANDIDATES[0]
+    overhead = 1 + timing._SHORT_ESTIMATE_CALLS + timing.WARMUP_CALLS    # first call, estimate, warm-up
+    full = overhead + timing.MIN_REPS                                    # 3 ms a call: the fewest timed calls
+    assert calls[2] == (overhead + timing.EARLY_STOP_REPS if ratio else full), calls
+    assert calls[3] > overhead + timing.EARLY_STOP_REPS, calls
+    slow = next(t for t in result.timings if t.config == CANDIDATES[1])
+    assert slow.ms is not None and slow.ms > 2.0
+
+
 def test_floor_of_a_demo_sized_gemm_kernel():
     g = fg.Graph(name="floor")
     a = g.tensor((4, 1024, 1024), dtype="bfloat16", name="a")

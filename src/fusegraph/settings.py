@@ -41,6 +41,10 @@ def parse_int(text: str) -> int:
     return int(text.strip())
 
 
+def parse_float(text: str) -> float:
+    return float(text.strip())
+
+
 def parse_str(text: str) -> str:
     return text
 
@@ -67,6 +71,8 @@ class Setting:
             except ValueError as err:
                 raise SettingsError(f"setting {self.name} ({origin}): cannot read {value!r} as "
                                     f"{self.type.__name__}: {err}") from None
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
         if (self.type is int and isinstance(value, bool)) or not isinstance(value, self.type):
             raise SettingsError(f"setting {self.name} ({origin}): expected {self.type.__name__}, "
                                 f"got {type(value).__name__} {value!r}")
@@ -74,7 +80,7 @@ class Setting:
 
 
 _SETTINGS: dict[str, Setting] = {}
-_PARSERS: dict[type, Callable[[str], Any]] = {bool: parse_bool, int: parse_int, str: parse_str}
+_PARSERS: dict[type, Callable[[str], Any]] = {bool: parse_bool, int: parse_int, float: parse_float, str: parse_str}
 
 
 def _register(name: str, kind: type, default: Callable[[], Any], help: str) -> None:
@@ -161,6 +167,10 @@ _register("tune", str, lambda: "fast",
 _register("tune_heuristic_floor_us", int, lambda: 50,
           "With tune=fast, memory-bound kernels (pointwise, reductions) whose cost-model floor is under this "
           "many microseconds use the heuristic config of their shape without timing.")
+_register("tune_early_stop", float, lambda: 1.5,
+          "While tuning, a candidate whose median over its first timed calls is more than this many times the best "
+          "candidate's so far stops there (it cannot win): its calls beyond those are not made. 0 times every "
+          "candidate in full.")
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
           "profile is also kept as plan.build_profile and shown by plan.explain().")

@@ -182,13 +182,21 @@ def _tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mappi
 
 
 def _time_candidates(name: str, key: Mapping[str, Any], configs: list[Config], bench: BenchFn) -> list[Timing]:
-    """bench() each config; one that raises (compile error, out of resources) is recorded and skipped."""
+    """bench() each config; one that raises (compile error, out of resources) is recorded and skipped.
+    Once one has a time, each later one is timed inside timing.losing_above(best * tune_early_stop): a
+    clear loser stops after its first few calls (its recorded time is their median)."""
+    from .timing import losing_above
+
     timings: list[Timing] = []
     last_error: Exception | None = None
+    ratio = settings.tune_early_stop
     with TuningProgress(name, len(configs)) as progress:
         for config in configs:
+            times = [t.ms for t in timings if t.ms is not None]
+            cutoff = min(times) * ratio if times and ratio > 0 else None
             try:
-                ms = float(bench(config))
+                with losing_above(cutoff):
+                    ms = float(bench(config))
                 if not math.isfinite(ms) or ms < 0:
                     raise ValueError(f"bench returned {ms!r} ms")
                 timings.append(Timing(config, ms))

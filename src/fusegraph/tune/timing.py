@@ -12,13 +12,19 @@ bench/tune_timing_gpu.py). Any slow launch path would do the same; the spin make
 independent of it. Passing `warmup_ms`/`rep_ms` asks for
 the fixed-duration protocol (triton.testing.do_bench when Triton is installed).
 Without a GPU the same protocol runs on the host clock, so CPU code and tests can use it too.
+
+Inside `losing_above(ms)` (the autotuner's loop: the best candidate's time so far, times
+settings.tune_early_stop) a call whose median over its first EARLY_STOP_REPS timed calls is above
+`ms` stops there and returns that median: a candidate that cannot win is not timed in full.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MiB)
@@ -31,6 +37,26 @@ _SHORT_ESTIMATE_CALLS = 3
 TARGET_MS = 10.0
 MIN_REPS, MAX_REPS = 10, 50
 WARMUP_CALLS = 3
+
+
+EARLY_STOP_REPS = 5   # timed calls after which a candidate above the cutoff stops (losing_above)
+_CUTOFF: contextvars.ContextVar[float | None] = contextvars.ContextVar("fusegraph_tune_cutoff", default=None)
+
+
+@contextlib.contextmanager
+def losing_above(ms: float | None) -> Iterator[None]:
+    """Inside: bench_ms's default protocol stops a call timed above `ms` (median of its first
+    EARLY_STOP_REPS timed calls) and returns that median; None times in full."""
+    token = _CUTOFF.set(ms)
+    try:
+        yield
+    finally:
+        _CUTOFF.reset(token)
+
+
+def _losing(times_ms: list[float]) -> bool:
+    cutoff = _CUTOFF.get()
+    return cutoff is not None and len(times_ms) >= EARLY_STOP_REPS and statistics.median(times_ms) > cutoff
 
 
 def short_budget(estimate_ms: float) -> tuple[int, int]:
@@ -125,10 +151,19 @@ def queued_bench_ms(fn: Callable[[], Any], *, lead_us: float = 2000.0) -> float:
     pad = _cycles((3.0 if busy else 1.5) * host_us + 20.0)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    # a cutoff (losing_above) splits the timed calls: the first EARLY_STOP_REPS, a look at their median,
+    # then the rest behind a new lead
+    first = EARLY_STOP_REPS if _CUTOFF.get() is not None and n_repeat > EARLY_STOP_REPS else n_repeat
     torch.cuda._sleep(_cycles(lead_us))
     for _ in range(n_warmup):
         fn()
-    for s, e in zip(starts, ends, strict=True):
+    for k, (s, e) in enumerate(zip(starts, ends, strict=True)):
+        if k == first:
+            torch.cuda.synchronize()
+            early = [a.elapsed_time(b) for a, b in zip(starts[:k], ends[:k], strict=True)]
+            if _losing(early):
+                return float(statistics.median(early))
+            torch.cuda._sleep(_cycles(lead_us))
         flush.zero_()
         torch.cuda._sleep(pad)
         s.record()
@@ -156,9 +191,11 @@ def _host_bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, short
     n_warmup, n_repeat = short_budget(estimate) if short else _repeat_counts(estimate, warmup_ms, rep_ms)
     for _ in range(n_warmup):
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(n_repeat):
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1e3)
+        if short and len(times) == EARLY_STOP_REPS and _losing(times):
+            break
     return float(statistics.median(times))
