@@ -12,15 +12,26 @@ import fusegraph as fg
 from conftest import rand
 
 
-def _random_graph(seed: int) -> tuple[fg.Graph, list[torch.Tensor]]:
+def _random_graph(seed: int, gathers: bool = False) -> tuple[fg.Graph, list[torch.Tensor]]:
+    """`gathers`: rows of two tables picked by index inputs (an index_select and an embedding lookup,
+    fusion/partition.is_gather) are among the starting values, and a per-row value gathered too."""
     rng = random.Random(seed)
     rows, cols = rng.choice([1, 3, 7]), rng.choice([5, 16, 33])
-    g = fg.Graph(f"random{seed}")
+    g = fg.Graph(f"random{seed}{'_gathers' if gathers else ''}")
     x = g.tensor((rows, cols), "float32", "x")
     v = g.tensor((cols,), "float32", "v")
     c = g.tensor((rows, 1), "float32", "c")
     full = [x, g.add(x, v)]          # values of shape [rows, cols]
     per_row = [c]                    # values of shape [rows, 1]
+    feeds = [rand(rows, cols), rand(cols), rand(rows, 1)]
+    if gathers:
+        table, idx = g.tensor((11, cols), "float32", "table"), g.tensor((rows,), "int64", "idx")
+        scales = g.tensor((11, 1), "float32", "scales")
+        full += [g.index_select(table, 0, idx), g.mul(g.embedding(idx, table), x)]
+        per_row.append(g.embedding(idx, g.reshape(scales, (11, 1))) if rng.random() < 0.5
+                       else g.index_select(scales, 0, idx))
+        feeds += [rand(11, cols), torch.randint(0, 11, (rows,), generator=torch.Generator().manual_seed(seed)),
+                  rand(11, 1)]
     outputs = []
     for _ in range(rng.randint(3, 9)):
         kind = rng.random()
@@ -44,12 +55,24 @@ def _random_graph(seed: int) -> tuple[fg.Graph, list[torch.Tensor]]:
     outputs += [full[-1], rng.choice(per_row)]
     for o in outputs:
         o.set_output()
-    return g, [rand(rows, cols), rand(cols), rand(rows, 1)]
+    return g, feeds
 
 
+@pytest.mark.parametrize("gathers", [False, True])
 @pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("FG_SEEDS", "24"))))
-def test_random_graph_matches_reference(seed: int) -> None:
-    g, feeds = _random_graph(seed)
+def test_random_graph_matches_reference(seed: int, gathers: bool) -> None:
+    _check(seed, gathers)
+
+
+@pytest.mark.parametrize("seed", [109, 653])
+def test_random_gather_graphs_that_found_bugs(seed: int) -> None:
+    """Found with FG_SEEDS=1000: a row + column pair whose row part read the column part's result
+    (109: split apart in the wrong order; 653: paired into one kernel reading its own output)."""
+    _check(seed, True)
+
+
+def _check(seed: int, gathers: bool) -> None:
+    g, feeds = _random_graph(seed, gathers)
     plan = g.build(**({"max_row_block": 8} if seed % 3 == 0 else {}))   # every third: looped rows
     outs = plan(*feeds)
     refs = fg.reference(g)(*feeds)

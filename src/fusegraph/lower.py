@@ -284,8 +284,12 @@ def row_column_kernels(pair: RowColumnGroup, name: str, compute_dtype: str, devi
         gen = RowColumnWriter(pair, name).write_pair(max_block)
     except NotEligible:
         assert pair.row is not None and pair.separate is not None
-        return [fused_kernel(pair.row, name, compute_dtype, device, options),
-                fused_kernel(pair.separate, name + "_cols", compute_dtype, device, options)]
+        row = fused_kernel(pair.row, name, compute_dtype, device, options)
+        cols = fused_kernel(pair.separate, name + "_cols", compute_dtype, device, options)
+        # apart, each kernel runs after what it reads: a row kernel may read the column kernel's result
+        # (a reduction over the other axis of a value the pair computes)
+        written = {e.node.id for e in pair.separate.stores}
+        return [cols, row] if any(n.id in written for n in pair.row.inputs) else [row, cols]
     return [fused_kernel(pair, name, compute_dtype, device, options, generated=gen)]
 
 

@@ -189,6 +189,8 @@ class _Writer:
             if d is not None and table.shape[k] != 1:
                 index = index_expr(d, dimvar)
                 terms.append(index if strides[k] == 1 else f"{index} * {strides[k]}")
+        if len(terms) == 1:   # the row may be one scalar per program: the address takes the tile's shape
+            terms.append(self.zero_index)
         inside = f"({row} >= 0) & ({row} < {table.shape[dim]})"
         load = f"tl.load({self.ptr[table.id]} + {' + '.join(terms)}, mask=({mask}) & {inside}, other=0)"
         return load + ".to(tl.float32)" if dtypes.is_float(table.dtype) else load

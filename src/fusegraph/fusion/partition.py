@@ -605,11 +605,13 @@ def _merge_would_cycle(first: KernelGroup, second: KernelGroup, ancestors: dict[
 
 
 def _cyclic(group: KernelGroup, ancestors: dict[int, int], graph_bits: dict[int, int]) -> bool:
-    """Does a value this kernel reads depend on one it writes (through other kernels)?"""
+    """Does a value this kernel reads depend on one it writes (through other kernels), or is it one
+    (a row + column pair whose row part reads the column part's result)?"""
     written = 0
     for a in group.anchors:
         written |= graph_bits[a.id]
-    return any(ancestors.get(e.node.id, 0) & written for e in group.loads)
+    own = {a.id for a in group.anchors}
+    return any(ancestors.get(e.node.id, 0) & written or e.node.id in own for e in group.loads)
 
 
 def _merge_target(alone: KernelGroup, groups: list[KernelGroup], group_of: dict[int, KernelGroup],
