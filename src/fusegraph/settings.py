@@ -167,10 +167,11 @@ _register("tune", str, lambda: "fast",
 _register("tune_heuristic_floor_us", int, lambda: 50,
           "With tune=fast, memory-bound kernels (pointwise, reductions) whose cost-model floor is under this "
           "many microseconds use the heuristic config of their shape without timing.")
-_register("tune_early_stop", float, lambda: 1.5,
+_register("tune_early_stop", float, lambda: 0.0,
           "While tuning, a candidate whose median over its first timed calls is more than this many times the best "
-          "candidate's so far stops there (it cannot win): its calls beyond those are not made. 0 times every "
-          "candidate in full.")
+          "candidate's so far stops there (it cannot win): its calls beyond those are not made. 0 (the default "
+          "until its effect on cold compiles and on the choices is measured on a GPU) times every candidate in "
+          "full; 1.5 is the intended value.")
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
           "profile is also kept as plan.build_profile and shown by plan.explain().")

@@ -183,8 +183,9 @@ def _tune(name: str, key: Mapping[str, Any], candidates: Sequence[Config | Mappi
 
 def _time_candidates(name: str, key: Mapping[str, Any], configs: list[Config], bench: BenchFn) -> list[Timing]:
     """bench() each config; one that raises (compile error, out of resources) is recorded and skipped.
-    Once one has a time, each later one is timed inside timing.losing_above(best * tune_early_stop): a
-    clear loser stops after its first few calls (its recorded time is their median)."""
+    With settings.tune_early_stop > 0, once one has a time, each later one is timed inside
+    timing.losing_above(best * tune_early_stop): a clear loser stops after its first few calls (its
+    recorded time is their median)."""
     from .timing import losing_above
 
     timings: list[Timing] = []
