@@ -182,3 +182,26 @@ def test_rows_of_a_viewed_buffer_are_gathered_from_the_buffer() -> None:
     merged.relu(picked).set_output()
     ops = _ops(merged.build(device="cpu"))
     assert any(op.startswith("library/") and "index_select" in op for op in ops), ops
+
+
+@pytest.mark.parametrize("body", [False, True, 2])
+def test_gathered_rows_compile_for_sm90(body: Any, tmp_path: Any) -> None:
+    """Each pointwise body of a gathering kernel compiles with Triton's compiler for sm_90 (not only
+    under the interpreter), and the row-tiled one moves the gathered row in 16-byte vectors."""
+    import re
+
+    from ptx_helpers import sm90_ptx
+
+    g = fg.Graph("wide_rows_ptx")
+    ids = g.tensor((2, 3), "int64", "ids")
+    table = g.tensor((11, 4160), "float16", "table")
+    scale = g.tensor((2, 3, 4160), "float16", "scale")
+    g.mul(g.embedding(ids, table), scale).set_output()
+    (kernel,) = [k for k in g.build(device="cpu").kernels if k.kind != "view"]
+    names = {n.name: f"in{k}" for k, n in enumerate(kernel.inputs)}
+    types = {names["ids"]: "*i64", names["table"]: "*fp16", names["scale"]: "*fp16", "out0": "*fp16"}
+    ptx = sm90_ptx(kernel.source, kernel.name, {"BLOCK": 1024, "ROW_TILED": body, "USE_PDL": False}, types, tmp_path)
+    loads = set(re.findall(r"ld\.global[.\w]*", ptx))
+    assert loads, ptx[-2000:]
+    if body is True:
+        assert any(".v4" in o for o in loads), loads
