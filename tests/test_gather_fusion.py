@@ -205,3 +205,24 @@ def test_gathered_rows_compile_for_sm90(body: Any, tmp_path: Any) -> None:
     assert loads, ptx[-2000:]
     if body is True:
         assert any(".v4" in o for o in loads), loads
+
+
+def test_gathered_sum_read_by_three_kernels_is_stored_once() -> None:
+    """A residual stream that starts as wte[ids] + wtt[kinds], read by three kernels (a layernorm,
+    then a layernorm after each of two GEMMs). Re-gathering both tables' rows in every kernel reads
+    6x the sum's bytes; storing it once and reading it twice, 5x. The recompute rule counts a gather
+    as the rows it reads (fusion/recompute.py), so the tables are gathered in one kernel only."""
+    g = fg.Graph("residual_stream")
+    ids, kinds = g.tensor((2, 8), "int64", "ids"), g.tensor((2, 8), "int64", "kinds")
+    wte, wtt = g.tensor((50, 32), "float32", "wte"), g.tensor((4, 32), "float32", "wtt")
+    w1, w2 = g.tensor((32, 32), "float32", "w1"), g.tensor((32, 32), "float32", "w2")
+    h0 = g.add(g.embedding(ids, wte), g.embedding(kinds, wtt))
+    y1 = g.matmul(g.layernorm(h0), w1)
+    y2 = g.matmul(g.layernorm(g.add(h0, y1)), w2)
+    g.layernorm(g.add(h0, y2)).set_output()
+    plan = g.build(device="cpu")
+    ops = _ops(plan)
+    assert sum("embedding" in op for op in ops) == 1, ops
+    xs = [torch.randint(0, 50, (2, 8)), torch.randint(0, 4, (2, 8)), torch.randn(50, 32), torch.randn(4, 32),
+          torch.randn(32, 32) * 0.2, torch.randn(32, 32) * 0.2]
+    assert_close(plan(*xs), fg.reference(g)(*xs), what="residual stream")

@@ -132,8 +132,8 @@ def _bytes_only_for(group: KernelGroup, nid: int, chosen: set[int]) -> int:
 def _reads(starts: list[Entry], by_key: dict[str, Entry], nid: int, chosen: set[int],
            through: bool) -> dict[int, Node]:
     """The materialized values reached from `starts` down the entries' arguments; a node in
-    `chosen` is a read of that node (its rebuild stops there); entries of `nid` are entered only
-    when `through`."""
+    `chosen` is a read of that node (its rebuild stops there); a gather stands for the table rows it
+    reads (its own size); entries of `nid` are entered only when `through`."""
     out: dict[int, Node] = {}
     seen: set[str] = set()
     stack = list(starts)
@@ -147,6 +147,8 @@ def _reads(starts: list[Entry], by_key: dict[str, Entry], nid: int, chosen: set[
         if e.kind == "load" or (e.node.id in chosen and e.node.id != nid):
             out[e.node.id] = e.node
             continue
+        if e.kind == "gather":   # the table rows it reads: as many bytes as the gathered value holds
+            out[e.node.id] = e.node
         stack.extend(by_key[a] for a in e.args)
     return out
 
