@@ -36,3 +36,17 @@ def test_a_reshape_that_is_no_view_runs_as_our_copy_kernel() -> None:
         plan = build()
     assert not any(k.name.endswith("_reshape_copy") for k in plan.kernels)
     assert float((plan(xs, w).float() - want).norm() / want.norm()) < 1e-2
+
+
+def test_the_copy_kernel_reads_a_caller_layout_it_was_not_built_for() -> None:
+    """The reshape reads a view of a graph input: the caller's strides show through it (the plan's input
+    check looks at shapes, not strides), so the copy kernel takes the layout it was built for first."""
+    g = fg.Graph("reshape_copy_strides")
+    x = g.tensor((16, 4, 96), "float32", "x")
+    g.relu(g.reshape(g.transpose(x, 0, 1), (4, 64, 24))).set_output()
+    plan = g.build(device="cpu")
+    assert any(k.name.endswith("_reshape_copy") for k in plan.kernels)
+    base = torch.randn(4, 16, 96)
+    for xs in (base.transpose(0, 1).contiguous(), base.transpose(0, 1)):   # dense, then another layout
+        want = torch.relu(xs.transpose(0, 1).reshape(4, 64, 24))
+        assert torch.equal(plan(xs), want)

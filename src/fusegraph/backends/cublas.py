@@ -168,9 +168,12 @@ def library_form(group: MatmulGroup, device: str) -> str | None:
     """What the cuBLAS candidate computes in its own call beside the product ("bias", "fp32",
     "bias_first"), or None: part of the tuning key (another form, another candidate)."""
     own = own_epilogue(group, device) if device.startswith("cuda") else None
-    if own is not None:
-        return own.kind
-    return "bias_first" if bias_first(group, device) is not None else None
+    return form_of(own, bias_first(group, device) if own is None else None)
+
+
+def form_of(own: OwnEpilogue | None, split: BiasFirst | None) -> str | None:
+    """library_form from the group's own_epilogue and bias_first, already made."""
+    return own.kind if own is not None else None if split is None else "bias_first"
 
 
 _OUT_DTYPE: dict[str, bool] = {}

@@ -188,7 +188,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
     itself (the library candidate is one launch); `split`: its bias, the rest a second launch."""
     identity = not group.epilogue_nodes or own is not None
     described = cublas.describe(group, own, split)
-    form = own.kind if own is not None else None if split is None else "bias_first"
+    form = cublas.form_of(own, split)
     why = gemm_supported(group)
     if why is not None:
         kernel.note = f"cuBLAS only: {why}"

@@ -74,7 +74,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _fit_stages(bm: int, bn: int, bk: int, stages: int, itemsize: int, store_itemsize: int = 0) -> int | None:
-    """num_stages lowered until the operand pipeline fits shared memory; None if 2 do not fit.
+    """num_stages lowered until the operand pipeline fits shared memory; None if 2 (3 with TMA stores)
+    do not fit.
 
     `store_itemsize`: bytes per output element that TMA stores stage through shared memory (the sum over
     the stored outputs: each takes a BLOCK_M x BLOCK_N tile next to the pipeline). Triton's allocation

@@ -139,9 +139,8 @@ class _Writer:
             self.expr[entry.key] = entry.key
             return
         if entry.kind == "load":
-            ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
             inside = range_mask(entry.node, entry.emb, self.domain.shape, dimvar)   # concat inputs
-            load = f"tl.load({ptr}, mask={f'({mask}) & {inside}' if inside else mask}, other=0)"
+            load = self._raw_load(entry, f"({mask}) & {inside}" if inside else mask, dimvar)
             if dtypes.is_float(entry.node.dtype):
                 load += ".to(tl.float32)"
             self.emit(f"{entry.key} = {load}", indent)
@@ -170,6 +169,11 @@ class _Writer:
                 expr = f"({expr}).to({TL_DTYPE[entry.node.dtype]}).to(tl.float32)"
             self.emit(f"{entry.key} = {expr}", indent)
         self.expr[entry.key] = entry.key
+
+    def _raw_load(self, entry: Entry, mask: str, dimvar: dict[int, str]) -> str:
+        """A load of `entry` in its stored dtype (no upcast), where `dimvar` indexes it."""
+        ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
+        return f"tl.load({ptr}, mask={mask}, other=0)"
 
     def _table_load(self, entry: Entry, mask: str, dimvar: dict[int, str]) -> str:
         """The table element a gather entry reads: the index value (an entry computed before it) picks
@@ -765,11 +769,6 @@ class _ReductionWriter(_Writer):
                               "keep_dims=True)", 2)
                     self.expr[e.key] = e.key
         return prefetched
-
-    def _raw_load(self, entry: Entry, mask: str, dimvar: dict[int, str]) -> str:
-        """A load of `entry` in its stored dtype (no upcast), where `dimvar` indexes it."""
-        ptr = f"{self.ptr[entry.node.id]} + {self.offset(entry.node, entry.emb, dimvar)}"
-        return f"tl.load({ptr}, mask={mask}, other=0)"
 
 
 def _one_hot_gathers(entries: list[Entry], reduced: tuple[int, ...]) -> dict[str, tuple[Entry, Entry]]:
