@@ -51,6 +51,38 @@ def lm_head_graph(m: int, k: int, n: int, dtype: str) -> tuple[fg.Graph, list[An
     return g, [h, w, y, gloss]
 
 
+def zero_padded_graph(m: int, k: int, n: int, dtype: str) -> fg.Graph:
+    """The three LM-head GEMMs on operands zero-padded to aligned dimensions (W's rows and g's
+    columns to the padded row length), fp32 casts after the backward GEMMs as in the training step."""
+    row = padded_row(n, torch.empty((), dtype=getattr(torch, dtype)).element_size()) or n
+    g = fg.Graph(name=f"lm_head_zero_padded_{m}x{k}x{row}", compute_dtype="float32")
+    h = g.tensor((m, k), dtype=dtype, name="h")
+    wz = g.tensor((row, k), dtype=dtype, name="w_zero")
+    gz = g.tensor((m, row), dtype=dtype, name="g_zero")
+    g.matmul(h, wz, transpose_b=True, name="logits").set_output()
+    g.cast(g.matmul(gz, wz, name="dh"), "float32").set_output()
+    g.cast(g.matmul(g.transpose(gz, 0, 1), h, name="dw"), "float32").set_output()
+    return g
+
+
+def time_zero_padded(m: int, k: int, n: int, dtype: str, device: str) -> dict[str, Any]:
+    g = zero_padded_graph(m, k, n, dtype)
+    start = time.perf_counter()
+    plan = g.build(device=device)
+    build_s = time.perf_counter() - start
+    dt = getattr(torch, dtype)
+    h, w, _, _ = make_inputs(m, k, n, dt, device)
+    row = g.inputs()[1].shape[0]
+    wz = torch.zeros(row, k, dtype=dt, device=device)
+    wz[:n].copy_(w)
+    gz = torch.zeros(m, row, dtype=dt, device=device)
+    gz[:, :n].copy_((torch.randn(m, n, device=device) * 1e-3).to(dt))
+    inputs = [h, wz, gz]
+    rows = kernel_rows(plan, inputs, timed=device.startswith("cuda"))
+    return {"label": "zero-padded operands (N, K, M = padded row), GEMMs only", "build_s": round(build_s, 1),
+            "kernels": rows}
+
+
 def make_inputs(m: int, k: int, n: int, dt: torch.dtype, device: str) -> list[torch.Tensor]:
     gen = torch.Generator(device="cpu").manual_seed(0)
     h = torch.randn(m, k, generator=gen).to(dt).to(device)
@@ -145,6 +177,25 @@ def bare_cublas(m: int, k: int, n: int, dt: torch.dtype, device: str) -> list[di
         ("dW = g^T @ h, padded g", lambda: torch.mm(padded.t(), h), 2 * m * n * k),
         ("copy g into the padded buffer", lambda: padded.copy_(dense), 0),
     ]
+    # zero padding (the padded rows / columns hold 0, so they may join a GEMM's N or K): W's rows to
+    # `row`, g's columns to `row`, the GEMMs run on aligned dimensions and the results are sliced
+    w_zero = torch.zeros(row, k, dtype=dt, device=device)
+    w_zero[:n].copy_(w)
+    g_zero = torch.zeros(m, row, dtype=dt, device=device)
+    g_zero[:, :n].copy_(dense)
+    cases += [
+        ("logits = h @ Wz^T, N zero-padded", lambda: torch.mm(h, w_zero.t()), 2 * m * n * k),
+        ("dh = gz @ Wz, K zero-padded", lambda: torch.mm(g_zero, w_zero), 2 * m * n * k),
+        ("dW = gz^T @ h, M zero-padded", lambda: torch.mm(g_zero.t(), h), 2 * m * n * k),
+        ("copy W into its zero-padded buffer", lambda: w_zero[:n].copy_(w), 0),
+    ]
+    try:
+        torch.mm(g_zero, w_zero, out_dtype=torch.float32)
+        cases += [("dh = gz @ Wz, K zero-padded, fp32 out", lambda: torch.mm(g_zero, w_zero, out_dtype=torch.float32),
+                   2 * m * n * k),
+                  ("dW = gz^T @ h, fp32 out", lambda: torch.mm(g_zero.t(), h, out_dtype=torch.float32), 2 * m * n * k)]
+    except (TypeError, RuntimeError) as err:
+        print(f"torch.mm(out_dtype=) not available: {err}")
     out = []
     for name, fn, flops in cases:
         ms = bench_ms(fn)
@@ -176,7 +227,8 @@ def main() -> int:
                build_and_time("with pad_align", m, k, n, dtype, device, "on"),
                build_and_time("with pad_align, settings.pad_results (logits padded too)", m, k, n, dtype, device,
                               "results")]
-    for res in results:
+    zero = time_zero_padded(m, k, n, dtype, device)
+    for res in results + [zero]:
         _print(res)
         sys.stdout.flush()
     base = results[0].pop("outputs")
@@ -189,7 +241,8 @@ def main() -> int:
         agree.append(errs)
         diffs = ", ".join(f"{e:.2e}" for e in errs)
         print(f"\noutputs {res['label']} vs without (loss, dh, dW): relative differences {diffs}")
-    gemm_ms = {r["label"]: sum(x.get("ms", 0.0) for x in r["kernels"] if x["kind"] == "matmul") for r in results}
+    gemm_ms = {r["label"]: sum(x.get("ms", 0.0) for x in r["kernels"] if x["kind"] == "matmul")
+               for r in results + [zero]}
     print(f"GEMM kernels summed: {', '.join(f'{k_}: {v:.3f} ms' for k_, v in gemm_ms.items())}")
     bare = [] if opts.no_bare or opts.cpu_smoke else bare_cublas(m, k, n, getattr(torch, dtype), device)
     for r in bare:
@@ -202,7 +255,7 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"pad_align_{time.strftime('%Y%m%d_%H%M%S')}.json")
     with open(path, "w") as f:
-        json.dump({"info": info, "plans": results, "bare_cublas": bare}, f, indent=1, default=str)
+        json.dump({"info": info, "plans": results + [zero], "bare_cublas": bare}, f, indent=1, default=str)
     print(f"\nwrote {path}")
     return 0
 
