@@ -228,7 +228,7 @@ def main() -> int:
                build_and_time("with pad_align, settings.pad_results (logits padded too)", m, k, n, dtype, device,
                               "results")]
     zero = time_zero_padded(m, k, n, dtype, device)
-    for res in results + [zero]:
+    for res in [*results, zero]:
         _print(res)
         sys.stdout.flush()
     base = results[0].pop("outputs")
@@ -242,7 +242,7 @@ def main() -> int:
         diffs = ", ".join(f"{e:.2e}" for e in errs)
         print(f"\noutputs {res['label']} vs without (loss, dh, dW): relative differences {diffs}")
     gemm_ms = {r["label"]: sum(x.get("ms", 0.0) for x in r["kernels"] if x["kind"] == "matmul")
-               for r in results + [zero]}
+               for r in [*results, zero]}
     print(f"GEMM kernels summed: {', '.join(f'{k_}: {v:.3f} ms' for k_, v in gemm_ms.items())}")
     bare = [] if opts.no_bare or opts.cpu_smoke else bare_cublas(m, k, n, getattr(torch, dtype), device)
     for r in bare:
@@ -255,7 +255,7 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"pad_align_{time.strftime('%Y%m%d_%H%M%S')}.json")
     with open(path, "w") as f:
-        json.dump({"info": info, "plans": results + [zero], "bare_cublas": bare}, f, indent=1, default=str)
+        json.dump({"info": info, "plans": [*results, zero], "bare_cublas": bare}, f, indent=1, default=str)
     print(f"\nwrote {path}")
     return 0
 

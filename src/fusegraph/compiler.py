@@ -11,7 +11,7 @@ import torch
 from .errors import ExecutionError, FusegraphError, InvalidValueError, where
 from .ir.graph import Graph
 from .ir.node import Node
-from .ir.registry import SOURCE, get_op
+from .ir.registry import SOURCE, VIEW, get_op
 from .ir.spec import TensorSpec
 from .ir.verify import verify
 from .lower import lower_fused, lower_reference
@@ -19,7 +19,8 @@ from .passes import optimize
 from .passes.base import Pass
 from .passes.decompose import decompose_keeping
 from .passes.layout import layout_pass
-from .passes.pad_align import pad_outputs
+from .passes.pad_align import pad_outputs, padded_strides
+from .passes.pad_dims import pad_gemm_dims
 from .runtime.cuda_graph import check_graph_outputs
 from .runtime.plan import Plan
 from .settings import settings
@@ -101,13 +102,31 @@ def front_end(graph: Graph, options: dict[str, Any], marks: bool = True) -> Grap
     primitive = layout_pass(options.get("conv_layout", "auto"), bool(options.get("allow_tf32", False)),
                             free_layout)(primitive)
     pad_at = check_positions("pad_outputs", options.get("pad_outputs", ()), len(graph.outputs))
+    # misaligned GEMM dims zero-padded, results sliced (passes/pad_dims.py); sliced outputs only at pad_at
+    primitive = Pass("pad_gemm_dims", lambda g: pad_gemm_dims(g, pad_at))(primitive)
+    output_strides = options.get("output_strides")
     if pad_at:   # outputs the caller takes with padded rows (passes/pad_align.py)
         primitive = Pass("pad_outputs", lambda g: pad_outputs(g, pad_at))(primitive)
+        output_strides = padded_view_outputs(primitive, pad_at, output_strides)
     if options.get("fuse", True):
         from .fusion.views import prepare as prepare_views  # views as strided aliases (fusion/views.py)
 
-        primitive = prepare_views(primitive, options.get("output_strides"))
+        primitive = prepare_views(primitive, output_strides)
     return primitive
+
+
+def padded_view_outputs(graph: Graph, positions: Sequence[int], output_strides: Sequence[Any] | None
+                        ) -> list[Any] | None:
+    """`output_strides` with padded rows asked for the view outputs at `positions` whose rows are
+    misaligned (a slice of a zero-padded GEMM result: returned as that alias, not copied dense)."""
+    asked = list(output_strides) if output_strides is not None else [None] * len(graph.outputs)
+    changed = False
+    for k in positions:
+        node = graph.outputs[k]
+        strides = padded_strides(node.spec) if get_op(node.op).has(VIEW) and not node.multi_output else None
+        if strides is not None and k < len(asked):
+            asked[k], changed = strides, True
+    return asked if changed else (list(output_strides) if output_strides is not None else None)
 
 
 def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:

@@ -175,6 +175,10 @@ _register("tune_early_stop", float, lambda: 0.0,
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
           "profile is also kept as plan.build_profile and shown by plan.explain().")
+_register("pad_gemm_dims", bool, lambda: True,
+          "A large GEMM whose M, N or K is not 16-byte aligned (a 50257-token vocabulary) runs on operands "
+          "zero-padded to an aligned size, its result sliced (passes/pad_dims.py): cuBLAS then runs its aligned "
+          "kernels instead of align1 ones. Off: such GEMMs keep their sizes (pad_align still pads their strides).")
 _register("pad_results", bool, lambda: False,
           "pad_align also pads GEMM results that no GEMM reads (and the pointwise values right after them), "
           "e.g. a [tokens, 50257] logits tensor read by the loss: aligned rows for the kernels reading it.")

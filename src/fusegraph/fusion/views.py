@@ -459,10 +459,30 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
         if node.id in layouts or not viewable(node):
             continue
         readers = users.get(node.id, [])
-        # (a foldable view that is an output is stored by the kernel computing it, as before)
-        if not fusable(node) or any(not fusable(u) and not is_literal(u) for u in readers):
+        # (a foldable view that is an output is stored by the kernel computing it, as before, unless
+        # its input is a GEMM result or its epilogue, in memory anyway: the row slice of a zero-padded
+        # GEMM's result, passes/pad_dims.py, is an alias)
+        if not fusable(node) or any(not fusable(u) and not is_literal(u) for u in readers) or \
+                (node.id in wanted and _gemm_stored(node.inputs[0], users)):
             alias(node)
     return chosen
+
+
+def _gemm_stored(value: Node, users: dict[int, list[Node]], depth: int = 4) -> bool:
+    """Is `value` a matmul's result, or a same-shape pointwise chain of single readers after one (an
+    epilogue the GEMM kernel stores)?"""
+    for _ in range(depth + 1):
+        if value.multi_output:
+            return False
+        if get_op(value.op).has(MATMUL):
+            return True
+        if not (get_op(value.op).has(POINTWISE) and fusable(value)):
+            return False
+        inner = [i for i in value.inputs if i.shape == value.shape]
+        if len(inner) != 1 or len(users.get(inner[0].id, [])) != 1:
+            return False
+        value = inner[0]
+    return False
 
 
 def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int, list[Node]],
@@ -475,7 +495,7 @@ def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int
         return True
     if any(not fusable(u) and u.id != view.id for u in users.get(src.id, [])):
         return True
-    return view.spec.numel >= src.spec.numel
+    return view.spec.numel >= src.spec.numel or _gemm_stored(src, users)
 
 
 def with_strides(spec: TensorSpec, strides: tuple[int, ...]) -> TensorSpec:

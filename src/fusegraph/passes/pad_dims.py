@@ -1,0 +1,228 @@
+"""pad_dims: a GEMM whose M, N or K is misaligned runs on operands zero-padded to an aligned size.
+
+pad_align gives a misaligned row (a 50257-token vocabulary) a padded *stride*, which is what our
+Triton GEMM needs for TMA and aligned vector loads. cuBLAS needs more: with the dimension itself
+odd it runs its align1 kernels whatever the strides (GPT-2-124M's LM head on the H200,
+bench/results/pad_align_20261202_082815.json: logits = h @ W^T 6.67 ms, dh = g @ W 4.87 ms with
+padded strides), and with the dimension padded with zeros it runs its best ones (0.89 and 0.82 ms,
+770-790 TFLOP/s, where our Triton GEMMs on padded strides take 0.93-1.07 and 0.86). Inductor's
+pad_mm does the same. Per GEMM (matmul node, both operands at least 2-D, FLOPs >= MIN_FLOPS):
+
+- K misaligned where it is an operand's row (A not transposed, or B transposed): both operands get
+  K padded with zeros; the products over the padding are 0 + 0 * 0;
+- N misaligned (it is the result's row): B padded along N, the result [.., M, Np] sliced to N, so
+  every reader reads a strided view with aligned rows;
+- M misaligned where it is A's row (A transposed: a weight gradient g^T @ h): A padded along M, the
+  result's rows sliced (a contiguous view).
+
+A pad of a value that generated code computes and only padded GEMMs read fuses into the kernel
+computing it (its padding stored as zeros: GPT-2's bf16 cast of the LM-head weight, its logits
+gradient); any other pad is a copy, taken when all of a GEMM's copies cost at most COPY_BUDGET of
+its floor. A pointwise chain reading only the GEMM result and scalars (a cast to fp32) moves above
+the slice, where it stays the GEMM's epilogue. A result sliced along N that is a graph output is
+allowed only at `free_outputs`, positions whose caller takes padded rows (the torch backend's saved
+activations, compiler.py's pad_outputs); elsewhere the GEMM is left as it is.
+
+Setting pad_gemm_dims (FUSEGRAPH_PAD_GEMM_DIMS=0) builds without it; pad_align off turns it off too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.emit import Emitter
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.registry import POINTWISE, get_op
+from ..ops.linalg import matmul_dims
+from ..settings import settings
+from .pad_align import _default_device, _gemm_floor_s, _writes_own_layout, is_gemm, padded_row, view_base
+
+MIN_FLOPS = 1 << 30      # smaller GEMMs are not worth the pads
+COPY_BUDGET = 0.25       # a GEMM's pad copies may cost up to this fraction of its floor
+EPILOGUE_DEPTH = 4       # pointwise steps moved above the result's slice
+
+
+@dataclass
+class _Padding:
+    gemm: Node
+    operands: dict[int, dict[int, int]]          # operand position -> {dim (negative): padded size}
+    out_dim: int | None = None                  # the result's sliced dim (negative), or None
+    out_size: int = 0                           # its size before padding
+    chain: list[Node] = field(default_factory=list)   # the pointwise steps moved above the slice
+
+    def pads_of(self, position: int) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted(self.operands.get(position, {}).items()))
+
+
+def _aligned(size: int, itemsize: int) -> int | None:
+    """The zero-padded size of a GEMM dimension, or None when it is aligned (or would grow too much)."""
+    return padded_row(size, itemsize)
+
+
+def _plan(gemm: Node, min_flops: int) -> _Padding | None:
+    a, b = gemm.inputs
+    if a.spec.rank < 2 or b.spec.rank < 2:
+        return None
+    trans_a, trans_b = bool(gemm.attrs.get("trans_a", False)), bool(gemm.attrs.get("trans_b", False))
+    batch, m, n, k = matmul_dims(a.spec, b.spec, gemm.attrs)
+    count = 1
+    for d in batch:
+        count *= d
+    if 2 * m * n * k * count < min_flops:
+        return None
+    size = gemm.spec.itemsize
+    operands: dict[int, dict[int, int]] = {}
+    pad_k = _aligned(k, size) if (not trans_a or trans_b) else None
+    if pad_k is not None:
+        operands.setdefault(0, {})[-2 if trans_a else -1] = pad_k
+        operands.setdefault(1, {})[-1 if trans_b else -2] = pad_k
+    padding = _Padding(gemm, operands)
+    pad_n = _aligned(n, size)
+    pad_m = _aligned(m, size) if trans_a else None
+    if pad_n is not None:
+        operands.setdefault(1, {})[-2 if trans_b else -1] = pad_n
+        padding.out_dim, padding.out_size = -1, n
+    elif pad_m is not None:
+        operands.setdefault(0, {})[-1] = pad_m
+        padding.out_dim, padding.out_size = -2, m
+    return padding if operands else None
+
+
+def _movable(node: Node, value: Node, out_dim: int) -> bool:
+    """Can pointwise `node` (reading `value`) be computed on the padded result instead: same shape,
+    its other inputs constant along the padded dim?"""
+    from ..fusion.partition import fusable
+
+    if not get_op(node.op).has(POINTWISE) or not fusable(node) or node.multi_output or node.shape != value.shape:
+        return False
+    back = -out_dim
+    return all(other.id == value.id or other.spec.rank < back or other.shape[-back] == 1 for other in node.inputs)
+
+
+def _slice_returnable(node: Node, out_dim: int, outputs: set[int], free: set[int]) -> bool:
+    """May `node`, sliced along `out_dim`, be a graph output? A row slice is a contiguous view;
+    a column slice only where the caller takes padded rows."""
+    return node.id not in outputs or out_dim == -2 or node.id in free
+
+
+def _epilogue_chain(padding: _Padding, users: dict[int, list[Node]], outputs: set[int], free: set[int]
+                    ) -> list[Node]:
+    chain: list[Node] = []
+    value = padding.gemm
+    for _ in range(EPILOGUE_DEPTH):
+        readers = users.get(value.id, [])
+        if value.id in outputs or len(readers) != 1 or padding.out_dim is None or \
+                not _movable(readers[0], value, padding.out_dim) or \
+                not _slice_returnable(readers[0], padding.out_dim, outputs, free):
+            break
+        value = readers[0]
+        chain.append(value)
+    return chain
+
+
+def _pad_is_fused(operand: Node, pads: tuple[tuple[int, int], ...], users: dict[int, list[Node]],
+                  wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]]) -> bool:
+    """Does padding `operand` cost nothing: generated code computes it (through views) and every
+    reader is a GEMM that pads it the same way (`wanted`: operand id -> GEMM id -> its pads)?"""
+    base, _ = view_base(operand)
+    if base.op == "input" or is_gemm(base) or not _writes_own_layout(base):
+        return False
+    readers = wanted.get(operand.id, {})
+    return all(readers.get(u.id) == pads for u in users.get(operand.id, []))
+
+
+def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device: Any = None,
+                        min_flops: int | None = None) -> Graph:
+    """The graph with misaligned GEMM dimensions zero-padded (module docstring). `free_outputs`:
+    output positions whose caller takes padded rows; `device` prices the pad copies (default the
+    present GPU, else H100); `min_flops` (default MIN_FLOPS) is the smallest GEMM padded."""
+    min_flops = MIN_FLOPS if min_flops is None else min_flops
+    users = graph.users()
+    outputs = {n.id for n in graph.outputs}
+    free = {graph.outputs[k].id for k in free_outputs} - \
+        {n.id for k, n in enumerate(graph.outputs) if k not in set(free_outputs)}
+    paddings: dict[int, _Padding] = {}
+    for node in graph.nodes:
+        if not is_gemm(node):
+            continue
+        padding = _plan(node, min_flops)
+        if padding is None:
+            continue
+        padding.chain = _epilogue_chain(padding, users, outputs, free)
+        end = padding.chain[-1] if padding.chain else node
+        if padding.out_dim is not None and not _slice_returnable(end, padding.out_dim, outputs, free):
+            continue   # the caller wants dense rows: a copy of the whole result
+        paddings[node.id] = padding
+    if not paddings:
+        return graph
+    bandwidth = (device or _default_device()).bandwidth
+    while True:
+        wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]] = {}
+        for padding in paddings.values():
+            for position in padding.operands:
+                wanted.setdefault(padding.gemm.inputs[position].id, {})[padding.gemm.id] = padding.pads_of(position)
+        dropped = []
+        for gid, padding in paddings.items():
+            copy_s = sum(2 * padding.gemm.inputs[p].spec.nbytes / bandwidth for p in padding.operands
+                         if not _pad_is_fused(padding.gemm.inputs[p], padding.pads_of(p), users, wanted))
+            if copy_s > COPY_BUDGET * _gemm_floor_s(padding.gemm, device or _default_device()):
+                dropped.append(gid)
+        if not dropped:
+            break
+        for gid in dropped:
+            del paddings[gid]
+        if not paddings:
+            return graph
+    return _rewrite(graph, paddings)
+
+
+def _rewrite(graph: Graph, paddings: dict[int, _Padding]) -> Graph:
+    ends = {(p.chain[-1] if p.chain else p.gemm).id: p for p in paddings.values()}
+    mapping: dict[int, Node] = {}
+    pads: dict[tuple[int, tuple[tuple[int, int], ...]], Node] = {}   # one pad node per value and padding
+
+    def padded(value: Node, dims: tuple[tuple[int, int], ...], em: Emitter) -> Node:
+        key = (value.id, dims)
+        if key not in pads:
+            amounts = [0] * (2 * max(-d for d, _ in dims))
+            for d, size in dims:
+                amounts[2 * (-d - 1) + 1] = size - value.shape[d]
+            pads[key] = em.op("pad", value, pad=tuple(amounts), value=0.0, _name=f"{value.name}.zero_padded")
+        return pads[key]
+
+    for node in graph.nodes:
+        if node.op == "input":
+            mapping[node.id] = node
+            continue
+        inputs = tuple(mapping[i.id] for i in node.inputs)
+        changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
+        new = node.replace(inputs=inputs) if changed else node
+        padding = ends.get(node.id)
+        if padding is not None:
+            gemm = padding.gemm
+            em = Emitter(prefix=f"{gemm.name}.", source=gemm.source)
+            operands = [padded(mapping[x.id], padding.pads_of(p), em) if p in padding.operands else mapping[x.id]
+                        for p, x in enumerate(gemm.inputs)]
+            value = em.op(gemm.op, *operands, _name=f"{gemm.name}.padded", **dict(gemm.attrs))
+            previous = gemm
+            for step in padding.chain:
+                args = [value if i.id == previous.id else mapping[i.id] for i in step.inputs]
+                value = em.op(step.op, *args, _name=f"{step.name}.padded", **dict(step.attrs))
+                previous = step
+            if padding.out_dim is not None:
+                dim = value.spec.rank + padding.out_dim
+                value = em.op("slice", value, dim=dim, start=0, end=padding.out_size, step=1, _name=node.name)
+            new = value
+        mapping[node.id] = new
+    return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
+
+
+def pad_gemm_dims(graph: Graph, free_outputs: Collection[int] = ()) -> Graph:
+    """The pass as compiler.front_end runs it: settings.pad_gemm_dims and settings.pad_align on."""
+    if not (settings.pad_align and settings.pad_gemm_dims):
+        return graph
+    return pad_gemm_dims_graph(graph, free_outputs)
+

@@ -1,0 +1,201 @@
+"""passes/pad_dims.py: GEMMs whose M, N or K is misaligned run on zero-padded operands.
+
+The LM-head pattern (vocabulary 1001 here, 50257 in GPT-2): logits = h @ W^T pads N (W's rows),
+dh = g @ W pads K (g's columns and W's rows: one pad of W shared with the forward), dW = g^T @ h
+pads M (g's columns, the same pad), the results sliced. The thresholds (MIN_FLOPS, COPY_BUDGET)
+are lowered so that CPU-sized GEMMs qualify; results match the reference executor and the build
+without the pass; outputs keep the strides the caller expects unless it takes padded rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegraph as fg
+from conftest import assert_close, rand
+from fusegraph.passes import pad_dims as pad_module
+from fusegraph.passes.pad_dims import pad_gemm_dims_graph
+from fusegraph.settings import override
+
+M, K, V = 64, 32, 1001
+
+
+@pytest.fixture
+def small_gemms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pad_module, "MIN_FLOPS", 1)
+    monkeypatch.setattr(pad_module, "COPY_BUDGET", 1e9)
+
+
+def head(dtype: str = "float16") -> tuple[fg.Graph, list[object]]:
+    """The head of a training step, W a bf16/fp16 cast of an fp32 parameter as under autocast."""
+    g = fg.Graph(name="lm_head", compute_dtype="float32")
+    h = g.tensor((M, K), dtype=dtype, name="h")
+    w32 = g.tensor((V, K), dtype="float32", name="w32")
+    y = g.tensor((M, V), dtype=dtype, name="y")
+    w = g.cast(w32, dtype, name="w")
+    logits = g.matmul(h, w, transpose_b=True, name="logits")
+    grad = g.cast(g.div(g.sub(g.softmax(g.cast(logits, "float32"), -1), g.cast(y, "float32")), float(M)),
+                  dtype, name="grad")
+    g.cast(g.matmul(grad, w, name="dh"), "float32").set_output()
+    g.cast(g.matmul(g.transpose(grad, 0, 1), h, name="dw"), "float32").set_output()
+    return g, [h, w32, y]
+
+
+def feeds(dtype: torch.dtype = torch.float16) -> list[torch.Tensor]:
+    return [rand(M, K, dtype=dtype), rand(V, K) * 0.2, torch.softmax(rand(M, V), -1).to(dtype)]
+
+
+def matmuls(plan: object) -> list[object]:
+    return [n for n in plan.graph.nodes if n.op == "matmul"]   # type: ignore[attr-defined]
+
+
+def test_lm_head_gemms_run_on_aligned_dims_and_match(small_gemms: None) -> None:
+    g, handles = head()
+    plan = g.build(device="cpu")
+    mms = matmuls(plan)
+    assert len(mms) == 3
+    for mm in mms:   # every GEMM dim is the padded 1008 or aligned: 1001 appears in no operand
+        assert all(V not in x.shape for x in mm.inputs), [x.shape for x in mm.inputs]
+        assert V not in mm.shape
+    pads = [n for n in plan.graph.nodes if n.op == "pad"]
+    assert len(pads) == 2, [p.name for p in pads]   # W once (N and K share it), the gradient once (K and M)
+    kernels = [k for k in plan.kernels if k.kind not in ("view", "constant")]
+    # the pads are stored by the kernels computing their inputs (the cast of W, the softmax backward);
+    # the fp32 casts stay the GEMMs' epilogues; the dW slice is a view, not a copy
+    assert [k.kind for k in kernels].count("matmul") == 3
+    assert not any(k.ops == ["pad"] or k.ops == ["slice"] for k in kernels), [k.ops for k in kernels]
+    assert sum(1 for k in kernels if k.kind == "matmul" and "cast" in k.ops) == 2
+    data = feeds()
+    dh, dw = plan(*data)
+    want = list(fg.reference(g).execute(dict(zip(handles, data, strict=True))).values())
+    assert_close(dh, want[0], tol=5e-3, what="dh")
+    assert_close(dw, want[1], tol=5e-3, what="dw")
+    assert dh.shape == (M, K) and dw.shape == (V, K) and dw.is_contiguous() and dh.is_contiguous()
+    with override(pad_gemm_dims=False):
+        plain = g.build(device="cpu")
+    assert any(V in x.shape for mm in matmuls(plain) for x in mm.inputs)
+    dh0, dw0 = plain(*data)
+    assert_close(dh, dh0, tol=5e-3, what="dh vs unpadded")
+    assert_close(dw, dw0, tol=5e-3, what="dw vs unpadded")
+
+
+def test_thresholds_leave_small_gemms_alone() -> None:
+    g, _ = head()
+    plan = g.build(device="cpu")
+    assert not any(n.op == "pad" for n in plan.graph.nodes)   # MIN_FLOPS: a 64 x 1001 x 32 GEMM is tiny
+    with override(pad_align=False):
+        assert pad_gemm_dims_graph(g.build(device="cpu").graph, min_flops=1).nodes is not None
+
+
+def test_input_copies_priced_against_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pad of a graph input is a copy: taken within COPY_BUDGET of the GEMM's floor, else not."""
+    g = fg.Graph(name="odd_k", compute_dtype="float32")
+    a = g.tensor((M, V), dtype="float16", name="a")
+    b = g.tensor((V, K), dtype="float16", name="b")
+    g.matmul(a, b).set_output()
+    monkeypatch.setattr(pad_module, "MIN_FLOPS", 1)
+    padded = pad_gemm_dims_graph(g.build(device="cpu", fuse=False).graph, min_flops=1)
+    assert not any(n.op == "pad" for n in padded.nodes)   # two input copies cost more than this GEMM
+    monkeypatch.setattr(pad_module, "COPY_BUDGET", 1e9)
+    plan = g.build(device="cpu")
+    pads = [n for n in plan.graph.nodes if n.op == "pad"]
+    assert len(pads) == 2 and all(p.inputs[0].op == "input" for p in pads)
+    mm = matmuls(plan)[0]
+    assert mm.inputs[0].shape == (M, 1008) and mm.inputs[1].shape == (1008, K)
+    x, y = rand(M, V, dtype=torch.float16), rand(V, K, dtype=torch.float16)
+    out = plan(x, y)
+    assert_close(out.float(), x.float() @ y.float(), tol=5e-3)
+
+
+def test_sliced_output_only_where_the_caller_takes_padded_rows(small_gemms: None) -> None:
+    """logits = h @ W^T returned: padded along N only at a pad_outputs position, where it comes back
+    as a view with aligned rows; elsewhere the GEMM keeps N = 1001 and a dense output."""
+    g = fg.Graph(name="logits", compute_dtype="float32")
+    h = g.tensor((M, K), dtype="float16", name="h")
+    w32 = g.tensor((V, K), dtype="float32", name="w32")
+    g.matmul(h, g.cast(w32, "float16"), transpose_b=True, name="logits").set_output()
+    h_t, w_t = rand(M, K, dtype=torch.float16), rand(V, K)
+    want = h_t.float() @ w_t.half().float().T
+    dense = g.build(device="cpu")
+    assert matmuls(dense)[0].shape == (M, V)
+    out = dense(h_t, w_t)
+    assert out.stride() == (V, 1)
+    assert_close(out.float(), want, tol=5e-3)
+    free = g.build(device="cpu", pad_outputs=[0])
+    assert matmuls(free)[0].shape == (M, 1008)
+    out = free(h_t, w_t)
+    assert out.shape == (M, V) and out.stride() == (1008, 1)
+    assert_close(out.float(), want, tol=5e-3)
+
+
+def test_epilogue_with_a_bias_along_the_padded_dim_stays_below_the_slice(small_gemms: None) -> None:
+    """A bias along N does not move above an N slice (it would need padding too): the GEMM is
+    padded, the bias add reads the slice; values still match."""
+    g = fg.Graph(name="biased", compute_dtype="float32")
+    h = g.tensor((M, K), dtype="float16", name="h")
+    w32 = g.tensor((V, K), dtype="float32", name="w32")
+    bias = g.tensor((V,), dtype="float16", name="bias")
+    y = g.add(g.matmul(h, g.cast(w32, "float16"), transpose_b=True), bias)
+    g.sum(g.cast(y, "float32"), dim=-1).set_output()
+    plan = g.build(device="cpu")
+    assert matmuls(plan)[0].shape == (M, 1008)
+    h_t, w_t, b_t = rand(M, K, dtype=torch.float16), rand(V, K), rand(V, dtype=torch.float16)
+    out = plan(h_t, w_t, b_t)
+    ref = ((h_t.float() @ w_t.half().float().T).half() + b_t).float().sum(-1)
+    assert_close(out, ref, tol=5e-3)
+
+
+def test_registered_setting_turns_it_off(small_gemms: None) -> None:
+    g, _ = head()
+    with override(pad_gemm_dims=False):
+        assert not any(n.op == "pad" for n in g.build(device="cpu").graph.nodes)
+    with override(pad_align=False):
+        assert not any(n.op == "pad" for n in g.build(device="cpu").graph.nodes)
+
+
+def test_torch_training_lm_head(small_gemms: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through torch.compile (AOTAutograd, fp16 model): the forward's logits GEMM and the backward's
+    two GEMMs run on the padded vocabulary; loss, logits and every gradient match eager."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from fusegraph.runtime import plan as plan_module
+
+    plans: list[object] = []
+    original = plan_module.Plan.__init__
+
+    def record(self: object, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)   # type: ignore[arg-type]
+        plans.append(self)
+
+    monkeypatch.setattr(plan_module.Plan, "__init__", record)
+    torch._dynamo.reset()
+
+    class TinyHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.head = nn.Embedding(V, K), nn.Linear(K, V, bias=False)
+
+        def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(torch.tanh(self.emb(idx)))
+            return F.cross_entropy(logits.float().view(-1, V), target.view(-1)), logits
+
+    torch.manual_seed(0)
+    model = TinyHead().half()
+    eager = TinyHead().half()
+    eager.load_state_dict(model.state_dict())
+    idx, target = torch.randint(0, V, (4, 16)), torch.randint(0, V, (4, 16))
+    loss, logits = fg.compile(model)(idx, target)
+    loss.backward()
+    ref_loss, ref_logits = eager(idx, target)
+    ref_loss.backward()
+    assert_close(loss.detach().float(), ref_loss.detach().float(), tol=5e-3)
+    assert logits.shape == ref_logits.shape and logits.stride() == ref_logits.stride()
+    assert_close(logits.detach().float(), ref_logits.detach().float(), tol=5e-3)
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        assert_close(p.grad.float(), q.grad.float(), tol=5e-3, what=name)
+    gemm_shapes = [tuple(x.shape) for p in plans for n in p.graph.nodes if n.op == "matmul"  # type: ignore[attr-defined]
+                   for x in n.inputs]
+    assert gemm_shapes and not any(V in s for s in gemm_shapes), gemm_shapes
+    torch._dynamo.reset()
