@@ -199,3 +199,26 @@ def test_torch_training_lm_head(small_gemms: None, monkeypatch: pytest.MonkeyPat
                    for x in n.inputs]
     assert gemm_shapes and not any(V in s for s in gemm_shapes), gemm_shapes
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("config", [{"BLOCK": 2048, "num_warps": 4, "ROW_TILED": True},
+                                    {"BLOCK": 1024, "num_warps": 4, "ROW_TILED": 2},
+                                    {"BLOCK": 1024, "num_warps": 4, "ROW_TILED": False}])
+def test_zero_padded_rows_in_every_pointwise_body(config: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value zero-padded along its rows (a logits gradient written for the GEMM after it) keeps
+    the row-tiled body (per-row operands loaded once per program) and the segmented one; each body
+    the tuner may pick matches the reference."""
+    import fusegraph.lower as lower
+
+    monkeypatch.setattr(lower, "candidate_configs", lambda gen, options=None: [config])
+    rows, vocab, padded = 5, 4133, 4160
+    g = fg.Graph(name="padded_rows")
+    x, lse = g.tensor((rows, vocab), "float16", "x"), g.tensor((rows, 1), "float32", "lse")
+    g.pad(g.cast(g.exp(g.sub(g.cast(x, "float32"), lse)), "float16"), (0, padded - vocab)).set_output()
+    plan = g.build()
+    (kernel,) = plan.kernels
+    assert "row = pid //" in kernel.source and "if ROW_TILED == 2:" in kernel.source, kernel.source
+    xs, ls = rand(rows, vocab, dtype=torch.float16), rand(rows, 1)
+    out = plan(xs, ls)
+    assert out.shape == (rows, padded) and bool((out[:, vocab:] == 0).all())
+    assert_close(out.float(), fg.reference(g)(xs, ls).float(), tol=5e-3)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, pad_expr, range_mask
+from ..fusion.index_map import Affine, concat_expr, domain_dim, index_expr, pad_before, pad_expr, range_mask
 from ..fusion.partition import Entry, KernelGroup, gather_index_embedding, gather_source
 from ..ir import dtypes
 from ..ir.node import Node
@@ -465,17 +465,22 @@ class _PointwiseWriter(_Writer):
         shape = self.domain.shape
         if len(order) < 2 or shape[order[-1]] < ROW_TILE_MIN_COLS or math.prod(shape) == shape[order[-1]]:
             return False
-        if any((e.kind == "gen" and "index_dim_attr" not in get_op(e.node.op).extra) or e.node.op in ("concat", "pad")
-               for e in self.group.entries):
+        inner = order[-1]
+        if any((e.kind == "gen" and "index_dim_attr" not in get_op(e.node.op).extra) or e.node.op == "concat"
+               or (e.node.op == "pad" and not self._pads_only(e, inner)) for e in self.group.entries):
             return False
         contiguous = strides_for_order(shape, order)
-        inner = order[-1]
         if not all(self._inner_contiguous(e, inner) or self._linear(e, contiguous) for e in self.group.stores):
             return False   # every store walks the row (a per-row output is a reduction's job)
         padded = [e for e in self.group.stores if not self._linear(e, contiguous)]
         per_row = [e for e in self.group.entries if e.kind == "load" and not self._scalar(e)
                    and not any(domain_dim(d) == inner for d in e.emb)]
         return bool(padded or per_row)
+
+    def _pads_only(self, e: Entry, inner: int) -> bool:
+        """A pad entry that pads only along domain dim `inner` (a zero-padded vocabulary row,
+        passes/pad_dims.py): per-row values stay in range, so the row-tiled body covers it."""
+        return all(domain_dim(e.emb[d]) == inner for d in pad_before(e.node))
 
     def _inner_contiguous(self, e: Entry, inner: int) -> bool:
         """The entry walks the inner domain dim with stride 1."""

@@ -218,8 +218,10 @@ def pad_align_graph(graph: Graph, device: Any = None, min_copy_bytes: int | None
     outputs = {n.id for n in graph.outputs}
     pads: dict[int, tuple[int, ...]] = {}
     copies: dict[int, _CopyCandidate] = {}
+    from .pad_dims import zero_padded
+
     for gemm in graph.nodes:
-        if not is_gemm(gemm):
+        if not is_gemm(gemm) or zero_padded(gemm):   # pad_dims gives it aligned dims instead
             continue
         for operand in dict.fromkeys(gemm.inputs):
             base, chain = view_base(operand)

@@ -36,9 +36,11 @@ from ..ir.emit import Emitter
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import POINTWISE, get_op
+from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, same_strides, strides_for_order
 from ..ops.linalg import matmul_dims
 from ..settings import settings
 from .pad_align import _default_device, _gemm_floor_s, _writes_own_layout, is_gemm, padded_row, view_base
+from .simplify import permutation_of
 
 MIN_FLOPS = 1 << 30      # smaller GEMMs are not worth the pads
 COPY_BUDGET = 0.25       # a GEMM's pad copies may cost up to this fraction of its floor
@@ -179,19 +181,43 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
     return _rewrite(graph, paddings)
 
 
+def _memory_order(spec: TensorSpec) -> tuple[int, ...] | None:
+    """The dim order (outermost first) of a dense, not row-major layout, else None."""
+    strides = spec.memory_strides
+    if spec.rank < 2 or same_strides(spec.shape, strides, contiguous_strides(spec.shape)) or \
+            dense_in_order(spec.shape, strides) is None:
+        return None
+    order = tuple(sorted(range(spec.rank), key=lambda d: (-strides[d], d)))
+    return order if same_strides(spec.shape, strides, strides_for_order(spec.shape, order)) else None
+
+
 def _rewrite(graph: Graph, paddings: dict[int, _Padding]) -> Graph:
     ends = {(p.chain[-1] if p.chain else p.gemm).id: p for p in paddings.values()}
     mapping: dict[int, Node] = {}
     pads: dict[tuple[int, tuple[tuple[int, int], ...]], Node] = {}   # one pad node per value and padding
 
     def padded(value: Node, dims: tuple[tuple[int, int], ...], em: Emitter) -> Node:
+        """`value` zero-padded to `dims` ((negative dim, size), ...); a transposed view is padded at
+        its base and transposed again (a row copy of a weight, not a transposing one)."""
         key = (value.id, dims)
-        if key not in pads:
-            amounts = [0] * (2 * max(-d for d, _ in dims))
-            for d, size in dims:
-                amounts[2 * (-d - 1) + 1] = size - value.shape[d]
-            pads[key] = em.op("pad", value, pad=tuple(amounts), value=0.0, _name=f"{value.name}.zero_padded")
-        return pads[key]
+        if key in pads:
+            return pads[key]
+        perm = permutation_of(value) if len(value.inputs) == 1 and not value.inputs[0].multi_output else None
+        if perm is not None:
+            rank = value.spec.rank
+            inner = tuple(sorted((perm[rank + d] - rank, size) for d, size in dims))
+            base = padded(value.inputs[0], inner, em)
+            pads[key] = em.op(value.op, base, _name=f"{value.name}.zero_padded", **dict(value.attrs))
+            return pads[key]
+        amounts = [0] * (2 * max(-d for d, _ in dims))
+        for d, size in dims:
+            amounts[2 * (-d - 1) + 1] = size - value.shape[d]
+        pad = em.op("pad", value, pad=tuple(amounts), value=0.0, _name=f"{value.name}.zero_padded")
+        order = _memory_order(value.spec)
+        if order is not None:   # a transposed input (a saved W^T): padded in its own order, a plain copy
+            pad = pad.replace(specs=(pad.spec.with_(layout="strided", strides=strides_for_order(pad.shape, order)),))
+        pads[key] = pad
+        return pad
 
     for node in graph.nodes:
         if node.op == "input":
@@ -218,6 +244,12 @@ def _rewrite(graph: Graph, paddings: dict[int, _Padding]) -> Graph:
             new = value
         mapping[node.id] = new
     return graph.with_(outputs=tuple(mapping[n.id] for n in graph.outputs))
+
+
+def zero_padded(gemm: Node) -> bool:
+    """Will pad_dims pad this GEMM (by its sizes; the copy budget and graph outputs aside)? pad_align
+    then leaves its operands' strides alone, so the values the pads read can fuse into them."""
+    return settings.pad_align and settings.pad_gemm_dims and _plan(gemm, MIN_FLOPS) is not None
 
 
 def pad_gemm_dims(graph: Graph, free_outputs: Collection[int] = ()) -> Graph:
