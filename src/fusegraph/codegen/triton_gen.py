@@ -79,6 +79,7 @@ class _Writer:
         self.group = group
         self.name = name
         self.domain = group.domain
+        self.bounds = group.domain.shape   # the extent range conditions assume (a row-tiled body's fast half: less)
         self.inputs = group.inputs
         self.outputs = [e.node for e in group.stores]
         self.ptr = {n.id: f"in{k}" for k, n in enumerate(self.inputs)}
@@ -139,7 +140,7 @@ class _Writer:
             self.expr[entry.key] = entry.key
             return
         if entry.kind == "load":
-            inside = range_mask(entry.node, entry.emb, self.domain.shape, dimvar)   # concat inputs
+            inside = range_mask(entry.node, entry.emb, self.bounds, dimvar)   # concat, pad inputs
             load = self._raw_load(entry, f"({mask}) & {inside}" if inside else mask, dimvar)
             if dtypes.is_float(entry.node.dtype):
                 load += ".to(tl.float32)"
@@ -154,7 +155,7 @@ class _Writer:
             expr = concat_expr(entry.node, entry.emb, [self.expr[a] for a in entry.args], dimvar)
             self.emit(f"{entry.key} = {expr}", indent)
         elif entry.node.op == "pad":      # the pad value outside the input (index_map)
-            expr = pad_expr(entry.node, entry.emb, self.expr[entry.args[0]], self.domain.shape, dimvar)
+            expr = pad_expr(entry.node, entry.emb, self.expr[entry.args[0]], self.bounds, dimvar)
             self.emit(f"{entry.key} = {expr}", indent)
         else:
             args = [self.expr[a] for a in entry.args]
@@ -507,6 +508,7 @@ class _PointwiseWriter(_Writer):
             self.emit(line)
         contiguous = strides_for_order(shape, order)
         start = len(self.lines)
+        saved_expr = dict(self.expr)
         for e in self.group.entries:
             if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
                 # one value per row (or per kernel): a scalar load, in range for every program
@@ -514,17 +516,38 @@ class _PointwiseWriter(_Writer):
             else:
                 self._dense_load_or_value(e, contiguous, dimvar)
         self._store_rows(contiguous, dimvar)
-        if cols_n % 16 == 0:
+        # zero padding along the row (passes/pad_dims.py) is in range up to the shortest padded input
+        inside = min([cols_n] + [e.node.inputs[0].shape[d] for e in self.group.entries if e.node.op == "pad"
+                                 for d in pad_before(e.node) if domain_dim(e.emb[d]) == inner])
+        if cols_n % 16 == 0 and inside == cols_n:
             self.lines.insert(start, f"    mask = cols < {cols_n}")
             return
         # an odd row (a 50257-wide vocab): `cols < C` varies element by element, which makes Triton
         # load and store the whole block in scalars; blocks that end inside the row take no mask (their
-        # accesses to 16-byte-aligned rows, e.g. padded ones, become vectors), the row's last block does
+        # accesses to 16-byte-aligned rows, e.g. padded ones, become vectors), the row's last block does.
+        # Likewise for a row padded past `inside`: blocks before it are emitted without the range
+        # conditions of the padding (self.bounds: the domain cut there), the rest with them
         body = ["    " + line for line in self.lines[start:]]
         del self.lines[start:]
-        self.emit(f"if c0 + BLOCK <= {cols_n}:")
+        if inside < cols_n:
+            self.expr = dict(saved_expr)
+            self.bounds = tuple(inside if d == inner else n for d, n in enumerate(shape))
+            try:
+                for e in self.group.entries:
+                    if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
+                        self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
+                    else:
+                        self._dense_load_or_value(e, contiguous, dimvar)
+                self._store_rows(contiguous, dimvar)
+            finally:
+                self.bounds = shape
+            fast = ["    " + line for line in self.lines[start:]]
+            del self.lines[start:]
+        else:
+            fast = body
+        self.emit(f"if c0 + BLOCK <= {inside}:")
         self.emit("mask = tl.full([BLOCK], 1, tl.int1)", 2)
-        self.lines += body
+        self.lines += fast
         self.emit("else:")
         self.emit(f"mask = cols < {cols_n}", 2)
         self.lines += body
