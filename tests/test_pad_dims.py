@@ -224,3 +224,31 @@ def test_zero_padded_rows_in_every_pointwise_body(config: dict[str, object], mon
     out = plan(xs, ls)
     assert out.shape == (rows, padded) and bool((out[:, vocab:] == 0).all())
     assert_close(out.float(), fg.reference(g)(xs, ls).float(), tol=5e-3)
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("odd", ["m", "n", "k", "mnk"])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_every_layout_and_odd_dim_matches(small_gemms: None, trans_a: bool, trans_b: bool, odd: str,
+                                          batch: tuple[int, ...]) -> None:
+    """A GEMM (batched or not, either operand transposed) with an odd M, N, K or all three, a cast
+    and a scalar scale after it: padded where the odd dim is a row, values equal to the reference."""
+    m, n, k = (37 if "m" in odd else 32), (45 if "n" in odd else 48), (53 if "k" in odd else 64)
+    g = fg.Graph(name="odd_gemm", compute_dtype="float32")
+    a = g.tensor((*batch, k, m) if trans_a else (*batch, m, k), dtype="float16", name="a")
+    b = g.tensor((*batch, n, k) if trans_b else (*batch, k, n), dtype="float16", name="b")
+    y = g.mul(g.cast(g.matmul(a, b, transpose_a=trans_a, transpose_b=trans_b), "float32"), 0.5)
+    y.set_output()
+    plan = g.build(device="cpu")
+    (mm,) = matmuls(plan)
+    row_odd = ("n" in odd) or ("k" in odd and (not trans_a or trans_b)) or ("m" in odd and trans_a)
+    assert any(n_.op == "pad" for n_ in plan.graph.nodes) is row_odd
+    a_t = rand(*a.shape, dtype=torch.float16)
+    b_t = rand(*b.shape, dtype=torch.float16)
+    out = plan(a_t, b_t)
+    want = fg.reference(g)(a_t, b_t)
+    assert out.shape == want.shape == (*batch, m, n) and out.is_contiguous()
+    assert_close(out, want, tol=2e-3)
+    sliced = "n" in odd or ("m" in odd and trans_a)   # the result is computed padded, then sliced
+    assert (tuple(mm.shape[-2:]) != (m, n)) is sliced, mm.shape
