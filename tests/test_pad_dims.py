@@ -252,3 +252,25 @@ def test_every_layout_and_odd_dim_matches(small_gemms: None, trans_a: bool, tran
     assert_close(out, want, tol=2e-3)
     sliced = "n" in odd or ("m" in odd and trans_a)   # the result is computed padded, then sliced
     assert (tuple(mm.shape[-2:]) != (m, n)) is sliced, mm.shape
+
+
+def test_other_readers_read_the_padded_value(small_gemms: None) -> None:
+    """A weight's cast padded for the GEMM and also returned transposed (saved for a backward):
+    the output is a view of the padded buffer, the weight is cast once."""
+    g = fg.Graph(name="saved_weight", compute_dtype="float32")
+    h = g.tensor((M, K), dtype="float16", name="h")
+    w32 = g.tensor((V, K), dtype="float32", name="w32")
+    w = g.cast(w32, "float16", name="w")
+    g.sum(g.cast(g.matmul(h, w, transpose_b=True), "float32"), dim=-1).set_output()
+    g.transpose(w, 0, 1).set_output()
+    # returned in the strides torch traces for w.t() (the torch frontend passes them)
+    plan = g.build(device="cpu", output_strides=[None, (1, K)])
+    readers = [k for k in plan.kernels if any(i.op == "input" and i.name == "w32" for i in k.inputs)]
+    assert len(readers) == 1 and "pad" in readers[0].ops, [k.ops for k in readers]
+    assert not any(k.kind != "view" and "transpose" in k.ops for k in plan.kernels), [k.ops for k in plan.kernels]
+    h_t, w_t = rand(M, K, dtype=torch.float16), rand(V, K)
+    sums, w_out = plan(h_t, w_t)
+    want_sums, want_w = fg.reference(g)(h_t, w_t)
+    assert w_out.shape == (K, V) and w_out.stride() == (1, K)
+    assert torch.equal(w_out, want_w)
+    assert_close(sums, want_sums, tol=5e-3)

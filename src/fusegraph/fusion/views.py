@@ -469,14 +469,19 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
 
 
 def _gemm_stored(value: Node, users: dict[int, list[Node]], depth: int = 4) -> bool:
-    """Is `value` a matmul's result, or a same-shape pointwise chain of single readers after one (an
-    epilogue the GEMM kernel stores)?"""
+    """Is `value` in memory anyway: a matmul's result, a same-shape pointwise chain of single readers
+    after one (an epilogue the GEMM kernel stores), or a value a library kernel reads (a GEMM's
+    zero-padded operand, passes/pad_dims.py), possibly through views of it?"""
     for _ in range(depth + 1):
         if value.multi_output:
             return False
-        if get_op(value.op).has(MATMUL):
+        opdef = get_op(value.op)
+        if opdef.has(MATMUL) or any(not fusable(u) and not get_op(u.op).has(VIEW) for u in users.get(value.id, [])):
             return True
-        if not (get_op(value.op).has(POINTWISE) and fusable(value)):
+        if opdef.has(VIEW) and len(value.inputs) == 1 and "fold" in opdef.extra:
+            value = value.inputs[0]
+            continue
+        if not (opdef.has(POINTWISE) and fusable(value)):
             return False
         inner = [i for i in value.inputs if i.shape == value.shape]
         if len(inner) != 1 or len(users.get(inner[0].id, [])) != 1:

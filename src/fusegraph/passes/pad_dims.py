@@ -39,7 +39,15 @@ from ..ir.registry import POINTWISE, get_op
 from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, same_strides, strides_for_order
 from ..ops.linalg import matmul_dims
 from ..settings import settings
-from .pad_align import _default_device, _gemm_floor_s, _writes_own_layout, is_gemm, padded_row, view_base
+from .pad_align import (
+    _default_device,
+    _gemm_floor_s,
+    _reader_accepts,
+    _writes_own_layout,
+    is_gemm,
+    padded_row,
+    view_base,
+)
 from .simplify import permutation_of
 
 MIN_FLOPS = 1 << 30      # smaller GEMMs are not worth the pads
@@ -126,14 +134,31 @@ def _epilogue_chain(padding: _Padding, users: dict[int, list[Node]], outputs: se
 
 
 def _pad_is_fused(operand: Node, pads: tuple[tuple[int, int], ...], users: dict[int, list[Node]],
-                  wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]]) -> bool:
+                  wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]], outputs: set[int]) -> bool:
     """Does padding `operand` cost nothing: generated code computes it (through views) and every
-    reader is a GEMM that pads it the same way (`wanted`: operand id -> GEMM id -> its pads)?"""
+    reader is a GEMM that pads it the same way (`wanted`: operand id -> GEMM id -> its pads), or
+    reads the padded value's slice instead (_shares_pad)?"""
     base, _ = view_base(operand)
     if base.op == "input" or is_gemm(base) or not _writes_own_layout(base):
         return False
     readers = wanted.get(operand.id, {})
-    return all(readers.get(u.id) == pads for u in users.get(operand.id, []))
+    return all(readers.get(u.id) == pads for u in users.get(operand.id, [])) or \
+        _shares_pad(operand, users, wanted, outputs)
+
+
+def _shares_pad(operand: Node, users: dict[int, list[Node]], wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]],
+                outputs: set[int]) -> bool:
+    """Do the operand's other readers read the slice of its zero-padded value instead of the value
+    (a weight's bf16 cast, padded for the LM head, also saved for the backward as W^T: then a view of
+    the padded buffer, not a second cast)? For a value generated code computes, padded one way, whose
+    other readers all take a strided view (pad_align's rule), and not itself a graph output."""
+    readers = wanted.get(operand.id, {})
+    if len(set(readers.values())) != 1 or operand.id in outputs or operand.multi_output or \
+            is_gemm(operand) or not _writes_own_layout(operand):
+        return False
+    others = [u for u in users.get(operand.id, []) if u.id not in readers]
+    rows_only = all(d != -1 for d, _ in next(iter(readers.values())))   # the slice is a contiguous view
+    return bool(others) and all(rows_only or _reader_accepts(u, users, outputs) for u in others)
 
 
 def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device: Any = None,
@@ -169,7 +194,7 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
         dropped = []
         for gid, padding in paddings.items():
             copy_s = sum(2 * padding.gemm.inputs[p].spec.nbytes / bandwidth for p in padding.operands
-                         if not _pad_is_fused(padding.gemm.inputs[p], padding.pads_of(p), users, wanted))
+                         if not _pad_is_fused(padding.gemm.inputs[p], padding.pads_of(p), users, wanted, outputs))
             if copy_s > COPY_BUDGET * _gemm_floor_s(padding.gemm, device or _default_device()):
                 dropped.append(gid)
         if not dropped:
@@ -178,7 +203,10 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
             del paddings[gid]
         if not paddings:
             return graph
-    return _rewrite(graph, paddings)
+    by_id = {n.id: n for n in graph.nodes}
+    shared = {x: next(iter(pads.values())) for x, pads in wanted.items()
+              if _shares_pad(by_id[x], users, wanted, outputs)}
+    return _rewrite(graph, paddings, shared, wanted)
 
 
 def _memory_order(spec: TensorSpec) -> tuple[int, ...] | None:
@@ -191,8 +219,12 @@ def _memory_order(spec: TensorSpec) -> tuple[int, ...] | None:
     return order if same_strides(spec.shape, strides, strides_for_order(spec.shape, order)) else None
 
 
-def _rewrite(graph: Graph, paddings: dict[int, _Padding]) -> Graph:
+def _rewrite(graph: Graph, paddings: dict[int, _Padding], shared: dict[int, tuple[tuple[int, int], ...]],
+             wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]]) -> Graph:
+    """`shared`: operand id -> its padding, for operands whose other readers read the padded value's
+    slice (_shares_pad); `wanted`: operand id -> the GEMMs padding it."""
     ends = {(p.chain[-1] if p.chain else p.gemm).id: p for p in paddings.values()}
+    slices: dict[int, Node] = {}   # shared operand id -> the slice of its padded value
     mapping: dict[int, Node] = {}
     pads: dict[tuple[int, tuple[tuple[int, int], ...]], Node] = {}   # one pad node per value and padding
 
@@ -223,9 +255,17 @@ def _rewrite(graph: Graph, paddings: dict[int, _Padding]) -> Graph:
         if node.op == "input":
             mapping[node.id] = node
             continue
-        inputs = tuple(mapping[i.id] for i in node.inputs)
+        inputs = tuple(slices[i.id] if i.id in slices and node.id not in wanted[i.id] else mapping[i.id]
+                       for i in node.inputs)
         changed = any(a is not b for a, b in zip(inputs, node.inputs, strict=True))
         new = node.replace(inputs=inputs) if changed else node
+        if node.id in shared:   # its other readers read the padded value, sliced back
+            em = Emitter(prefix=f"{node.name}.", source=node.source)
+            view = padded(new, shared[node.id], em)
+            for d, _ in shared[node.id]:
+                view = em.op("slice", view, dim=view.spec.rank + d, start=0, end=node.shape[d], step=1,
+                             _name=f"{node.name}.unpadded")
+            slices[node.id] = view
         padding = ends.get(node.id)
         if padding is not None:
             gemm = padding.gemm
