@@ -96,3 +96,50 @@ def in_process_workers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple
 
     monkeypatch.setattr(build_workers, "pool", lambda: InProcess())
     return jobs
+
+
+def tiny_lm_head_step(monkeypatch: pytest.MonkeyPatch, vocab: int, dim: int) -> list[Any]:
+    """One fp16 training step of embedding -> tanh -> linear LM head (no bias) -> cross-entropy through
+    fg.compile (AOTAutograd), beside eager: asserts the loss, the returned logits (values and strides)
+    and every gradient match; returns the Plans built (forward and backward)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import fusegraph as fg
+    from fusegraph.runtime import plan as plan_module
+
+    plans: list[Any] = []
+    original = plan_module.Plan.__init__
+
+    def record(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(plan_module.Plan, "__init__", record)
+    torch._dynamo.reset()
+
+    class TinyHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(torch.tanh(self.emb(idx)))
+            return F.cross_entropy(logits.float().view(-1, vocab), target.view(-1)), logits
+
+    torch.manual_seed(0)
+    model = TinyHead().half()
+    eager = TinyHead().half()
+    eager.load_state_dict(model.state_dict())
+    idx, target = torch.randint(0, vocab, (4, 16)), torch.randint(0, vocab, (4, 16))
+    loss, logits = fg.compile(model)(idx, target)
+    loss.backward()
+    ref_loss, ref_logits = eager(idx, target)
+    ref_loss.backward()
+    assert_close(loss.detach().float(), ref_loss.detach().float(), tol=5e-3)
+    assert logits.shape == ref_logits.shape and logits.stride() == ref_logits.stride()
+    assert_close(logits.detach().float(), ref_logits.detach().float(), tol=5e-3)
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        assert_close(p.grad.float(), q.grad.float(), tol=5e-3, what=name)
+    torch._dynamo.reset()
+    return plans

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fusegraph as fg
-from conftest import assert_close, rand
+from conftest import assert_close, rand, tiny_lm_head_step
 from fusegraph.ir.spec import TensorSpec, contiguous_strides
 from fusegraph.passes import PIPELINE, optimize
 from fusegraph.passes import pad_align as pad_module
@@ -317,47 +317,9 @@ def test_matmul_result_returned_through_a_view_stays_dense() -> None:
 def test_torch_training_lm_head_gradient_padded(monkeypatch: pytest.MonkeyPatch) -> None:
     # through torch.compile (AOTAutograd): the backward's [tokens, vocab] gradient feeding the two
     # GEMMs is padded inside the plan; the returned logits and all gradients match eager
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    from fusegraph.runtime import plan as plan_module
-
-    plans: list[object] = []
-    original = plan_module.Plan.__init__
-
-    def record(self: object, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)   # type: ignore[arg-type]
-        plans.append(self)
-
-    monkeypatch.setattr(plan_module.Plan, "__init__", record)
-    torch._dynamo.reset()
-    vocab, dim = 1001, 32
-
-    class TinyHead(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb, self.head = nn.Embedding(vocab, dim), nn.Linear(dim, vocab, bias=False)
-
-        def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self.head(torch.tanh(self.emb(idx)))
-            return F.cross_entropy(logits.float().view(-1, vocab), target.view(-1)), logits
-
-    torch.manual_seed(0)
-    model = TinyHead().half()
-    eager = TinyHead().half()
-    eager.load_state_dict(model.state_dict())
-    idx, target = torch.randint(0, vocab, (4, 16)), torch.randint(0, vocab, (4, 16))
-    loss, logits = fg.compile(model)(idx, target)
-    loss.backward()
-    ref_loss, ref_logits = eager(idx, target)
-    ref_loss.backward()
-    assert_close(loss.detach().float(), ref_loss.detach().float(), tol=5e-3)
-    assert logits.stride() == ref_logits.stride()
-    assert_close(logits.detach().float(), ref_logits.detach().float(), tol=5e-3)
-    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
-        assert_close(p.grad.float(), q.grad.float(), tol=5e-3, what=name)
-    backward = [p for p in plans if "backward" in p.graph.name]   # type: ignore[attr-defined]
-    operands = [i for p in backward for n in p.graph.nodes if n.op == "matmul"  # type: ignore[attr-defined]
+    vocab = 1001
+    plans = tiny_lm_head_step(monkeypatch, vocab, 32)
+    backward = [p for p in plans if "backward" in p.graph.name]
+    operands = [i for p in backward for n in p.graph.nodes if n.op == "matmul"
                 for i in n.inputs if i.shape[-1] == vocab and i.op != "input"]   # not W^T
     assert operands and all(row_stride(i) == 1008 for i in operands), [i.spec for i in operands]
-    torch._dynamo.reset()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fusegraph as fg
-from conftest import assert_close, rand
+from conftest import assert_close, rand, tiny_lm_head_step
 from fusegraph.passes import pad_dims as pad_module
 from fusegraph.passes.pad_dims import pad_gemm_dims_graph
 from fusegraph.settings import override
@@ -157,48 +157,9 @@ def test_registered_setting_turns_it_off(small_gemms: None) -> None:
 def test_torch_training_lm_head(small_gemms: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through torch.compile (AOTAutograd, fp16 model): the forward's logits GEMM and the backward's
     two GEMMs run on the padded vocabulary; loss, logits and every gradient match eager."""
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    from fusegraph.runtime import plan as plan_module
-
-    plans: list[object] = []
-    original = plan_module.Plan.__init__
-
-    def record(self: object, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)   # type: ignore[arg-type]
-        plans.append(self)
-
-    monkeypatch.setattr(plan_module.Plan, "__init__", record)
-    torch._dynamo.reset()
-
-    class TinyHead(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb, self.head = nn.Embedding(V, K), nn.Linear(K, V, bias=False)
-
-        def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self.head(torch.tanh(self.emb(idx)))
-            return F.cross_entropy(logits.float().view(-1, V), target.view(-1)), logits
-
-    torch.manual_seed(0)
-    model = TinyHead().half()
-    eager = TinyHead().half()
-    eager.load_state_dict(model.state_dict())
-    idx, target = torch.randint(0, V, (4, 16)), torch.randint(0, V, (4, 16))
-    loss, logits = fg.compile(model)(idx, target)
-    loss.backward()
-    ref_loss, ref_logits = eager(idx, target)
-    ref_loss.backward()
-    assert_close(loss.detach().float(), ref_loss.detach().float(), tol=5e-3)
-    assert logits.shape == ref_logits.shape and logits.stride() == ref_logits.stride()
-    assert_close(logits.detach().float(), ref_logits.detach().float(), tol=5e-3)
-    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
-        assert_close(p.grad.float(), q.grad.float(), tol=5e-3, what=name)
-    gemm_shapes = [tuple(x.shape) for p in plans for n in p.graph.nodes if n.op == "matmul"  # type: ignore[attr-defined]
-                   for x in n.inputs]
+    plans = tiny_lm_head_step(monkeypatch, V, K)
+    gemm_shapes = [tuple(x.shape) for p in plans for n in p.graph.nodes if n.op == "matmul" for x in n.inputs]
     assert gemm_shapes and not any(V in s for s in gemm_shapes), gemm_shapes
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("config", [{"BLOCK": 2048, "num_warps": 4, "ROW_TILED": True},

@@ -509,13 +509,17 @@ class _PointwiseWriter(_Writer):
         contiguous = strides_for_order(shape, order)
         start = len(self.lines)
         saved_expr = dict(self.expr)
-        for e in self.group.entries:
-            if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
-                # one value per row (or per kernel): a scalar load, in range for every program
-                self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
-            else:
-                self._dense_load_or_value(e, contiguous, dimvar)
-        self._store_rows(contiguous, dimvar)
+
+        def emit_body() -> None:
+            for e in self.group.entries:
+                if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
+                    # one value per row (or per kernel): a scalar load, in range for every program
+                    self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
+                else:
+                    self._dense_load_or_value(e, contiguous, dimvar)
+            self._store_rows(contiguous, dimvar)
+
+        emit_body()
         # zero padding along the row (passes/pad_dims.py) is in range up to the shortest padded input
         inside = min([cols_n] + [e.node.inputs[0].shape[d] for e in self.group.entries if e.node.op == "pad"
                                  for d in pad_before(e.node) if domain_dim(e.emb[d]) == inner])
@@ -533,12 +537,7 @@ class _PointwiseWriter(_Writer):
             self.expr = dict(saved_expr)
             self.bounds = tuple(inside if d == inner else n for d, n in enumerate(shape))
             try:
-                for e in self.group.entries:
-                    if e.kind == "load" and (self._scalar(e) or self._per_row(e, inner)):
-                        self._plain_load(e, "" if self._scalar(e) else f" + {self.offset(e.node, e.emb, dimvar)}")
-                    else:
-                        self._dense_load_or_value(e, contiguous, dimvar)
-                self._store_rows(contiguous, dimvar)
+                emit_body()
             finally:
                 self.bounds = shape
             fast = ["    " + line for line in self.lines[start:]]
