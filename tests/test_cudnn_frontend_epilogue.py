@@ -264,7 +264,7 @@ class _Graph:
             bindings = dict(zip(tensor_uids, bindings, strict=True))
         bindings = {k.uid if isinstance(k, _T) else k: v for k, v in bindings.items()}   # by tensor or by uid
         if getattr(self, "selected", 0) != 1:
-            time.sleep(0.01)    # plan 1 is the fast one (by a margin host-timing noise does not cover)
+            time.sleep(0.05)    # plan 1 is the fast one (by a margin host noise on a loaded machine does not cover)
 
         def value(t: _T) -> torch.Tensor:
             if t.op == "tensor":

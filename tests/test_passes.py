@@ -295,6 +295,23 @@ def test_reshape_chains() -> None:
     same_results(ir, out)
 
 
+def test_elementwise_between_inverse_reshapes() -> None:
+    """reshape(f(reshape(x))) back to x's shape is f(x) for a one-input elementwise f (the cast
+    AOTAutograd leaves between `.view(B, T, V)` and `.view(B*T, V)`); a reshape to another shape, or
+    an op with two tensor inputs, stays."""
+    g = fg.Graph("round_trip")
+    x = g.tensor((6, 5), name="x")
+    y = g.tensor((2, 3, 5), name="y")
+    a = g.reshape(g.cast(g.reshape(x, 2, 3, 5), "float16"), 6, 5)       # -> cast(x)
+    b = g.reshape(g.exp(g.reshape(x, 30)), 3, 10)                        # another shape: kept
+    c = g.reshape(g.add(g.reshape(x, 2, 3, 5), y), 6, 5)                 # two tensor inputs: kept
+    ir = outputs(g, a, b, c)
+    out = simplify(ir)
+    assert out.outputs[0].op == "cast" and out.outputs[0].inputs[0] is out.inputs[0]
+    assert ops_of(out)["reshape"] == 4
+    same_results(ir, out)
+
+
 def test_transpose_folds_into_matmul_flags() -> None:
     g = fg.Graph("mm")
     a = g.tensor((2, 8, 4), name="a")

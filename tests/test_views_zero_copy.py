@@ -191,6 +191,28 @@ def test_output_views_stay_dense() -> None:
     assert_close(r_out, (x_t @ w_t).reshape(4, 24), tol=1e-5)
 
 
+def test_output_view_of_a_gemm_epilogue_is_an_alias() -> None:
+    """An output that is a contiguous view (row slice, reshape) of a GEMM result or of its epilogue
+    (a cast) aliases the buffer the GEMM kernel stores: no copy kernel; a transposed view is still a
+    dense copy (test_output_views_stay_dense)."""
+    g = fg.Graph(name="epilogue_views", compute_dtype="float32")
+    x = g.tensor((8, 12), dtype="float16", name="x")
+    w = g.tensor((12, 16), dtype="float16", name="w")
+    y = g.cast(g.matmul(x, w), "float32")
+    g.slice(y, 0, 0, 6).set_output()                 # leading rows: contiguous
+    g.reshape(g.matmul(w, g.transpose(w, 0, 1)), 3, 48).set_output()
+    plan = g.build(device="cpu")
+    assert [k.kind for k in plan.kernels].count("matmul") == 2
+    assert all(k.kind in ("matmul", "view", "constant") for k in plan.kernels), [k.ops for k in plan.kernels]
+    assert any(k.kind == "matmul" and "cast" in k.ops for k in plan.kernels)   # the cast stays in the epilogue
+    x_t, w_t = rand(8, 12, dtype=torch.float16), rand(12, 16, dtype=torch.float16)
+    rows, flat = plan(x_t, w_t)
+    want_rows, want_flat = fg.reference(g)(x_t, w_t)
+    assert rows.shape == (6, 16) and rows.is_contiguous() and flat.shape == (3, 48) and flat.is_contiguous()
+    assert_close(rows, want_rows, tol=5e-3)
+    assert_close(flat.float(), want_flat.float(), tol=5e-3)
+
+
 def test_sunk_reshape_keeps_partial_broadcasts_apart() -> None:
     # a [B, 1, N] operand does not broadcast over the flattened rows: the reshape stays where it is
     g = fg.Graph(name="partial", compute_dtype="float32")

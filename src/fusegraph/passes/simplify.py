@@ -43,7 +43,7 @@ from ..ir import dtypes
 from ..ir.emit import Emitter
 from ..ir.graph import Graph, map_nodes
 from ..ir.node import Attrs, Node
-from ..ir.registry import COMMUTATIVE, IDEMPOTENT, INVOLUTION, get_op
+from ..ir.registry import COMMUTATIVE, IDEMPOTENT, INVOLUTION, POINTWISE, get_op
 from ..settings import settings
 from .base import graph_pass
 
@@ -263,6 +263,15 @@ def _reshape_chain(node: Node, inner: Node, x: Node) -> Node | None:
     return rebuild(node, "reshape", [x], **dict(node.attrs))  # row-major order is kept by both
 
 
+def _unary_between_reshapes(node: Node, mid: Node, inner: Node, x: Node) -> Node | None:
+    """reshape(f(reshape(x))) back to x's shape, f elementwise on one input, is f(x): the view
+    round trip AOTAutograd leaves around a cast (`logits.float().view(-1, V)`'s backward: the gradient
+    viewed [B, T, V], cast, viewed [B*T, V] again), whose reshapes would otherwise split a kernel."""
+    if node.shape != x.shape or not get_op(mid.op).has(POINTWISE) or mid.multi_output:
+        return None
+    return rebuild(node, mid.op, [x], **dict(mid.attrs))
+
+
 def _same_shape(node: Node, x: Node) -> Node | None:
     """A reshape or expand to the shape its input already has is the input."""
     return x if node.shape == x.shape else None
@@ -372,6 +381,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(VIEWS, P(VIEWS, V("x"), name="inner")), _permute_chain),
     (P(VIEWS, V("x")), _permute_identity),
     (P("reshape", P("reshape", V("x"), name="inner")), _reshape_chain),
+    (P("reshape", P(None, P("reshape", V("x"), name="inner"), name="mid", prop=POINTWISE)), _unary_between_reshapes),
     (P(("reshape", "expand"), V("x")), _same_shape),
     (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
     (P(("sum", "max", "min"), P("cast", P("reshape", V("x"), name="inner"), name="mid")), _reduce_through_reshape),
