@@ -312,6 +312,30 @@ def test_elementwise_between_inverse_reshapes() -> None:
     same_results(ir, out)
 
 
+def test_add_of_a_scatter_into_zeros_accumulates_into_the_addend() -> None:
+    """x + index_put(zeros, v, idx, accumulate=True) -> index_put(x, v, idx, accumulate=True) (a tied
+    embedding's gradient); not for a non-accumulating put, a non-zero base, or a 16-bit table."""
+    g = fg.Graph("tied_grad")
+    x = g.tensor((8, 4), name="x")
+    v = g.tensor((5, 4), name="v")
+    idx = g.tensor((5,), dtype="int64", name="idx")
+    zeros = g.constant(torch.zeros(8, 4))
+    a = g.add(x, g.index_put(zeros, [idx], v, accumulate=True))
+    b = g.add(g.index_put(zeros, [idx], v, accumulate=False), x)             # not accumulating: kept
+    c = g.add(x, g.index_put(x, [idx], v, accumulate=True))                  # base is not zeros: kept
+    h = g.tensor((8, 4), dtype="float16", name="h")
+    vh = g.tensor((5, 4), dtype="float16", name="vh")
+    d = g.add(h, g.index_put(g.constant(torch.zeros(8, 4, dtype=torch.float16)), [idx], vh, accumulate=True))
+    ir = outputs(g, a, b, c, d)
+    out = simplify(ir)
+    assert out.outputs[0].op == "index_put" and out.outputs[0].inputs[0] is out.inputs[0]
+    assert [o.op for o in out.outputs[1:]] == ["add", "add", "add"]
+    feeds = [rand(8, 4), rand(5, 4), torch.tensor([1, 3, 3, 0, 7]), rand(8, 4, dtype=torch.float16),
+             rand(5, 4, dtype=torch.float16)]
+    for got, want in zip(fg.reference(out)(*feeds), fg.reference(ir)(*feeds), strict=True):
+        assert_close(got.float(), want.float(), tol=1e-3)
+
+
 def test_transpose_folds_into_matmul_flags() -> None:
     g = fg.Graph("mm")
     a = g.tensor((2, 8, 4), name="a")

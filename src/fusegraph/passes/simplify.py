@@ -272,6 +272,26 @@ def _unary_between_reshapes(node: Node, mid: Node, inner: Node, x: Node) -> Node
     return rebuild(node, mid.op, [x], **dict(mid.attrs))
 
 
+def _is_zeros(node: Node) -> bool:
+    """A literal zero tensor: a 0 scalar or constant, or one broadcast by expand."""
+    if node.op == "expand":
+        node = node.inputs[0]
+    return literal_value(node) == 0.0
+
+
+def _add_into_index_put(node: Node, x: Node, y: Node) -> Node | None:
+    """x + index_put(zeros, values, indices, accumulate=True) is index_put(x, values, indices,
+    accumulate=True): the accumulation starts from x instead of from zeros. A tied embedding's weight
+    gradient (the LM head's GEMM result plus the embedding's scattered rows) then needs no zero fill
+    and no add pass over the table: a copy of x and the scatter. fp32/fp64 only (the sums are
+    reassociated: x + (v1 + v2) becomes (x + v1) + v2, which a 16-bit table would round differently)."""
+    for a, b in ((x, y), (y, x)):
+        if b.op == "index_put" and b.attrs.get("accumulate", False) and _is_zeros(b.inputs[0]) and \
+                a.shape == b.shape and a.dtype == b.dtype == node.dtype in ("float32", "float64"):
+            return rebuild(node, "index_put", [a, *b.inputs[1:]], **dict(b.attrs))
+    return None
+
+
 def _same_shape(node: Node, x: Node) -> Node | None:
     """A reshape or expand to the shape its input already has is the input."""
     return x if node.shape == x.shape else None
@@ -386,6 +406,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
     (P(("sum", "max", "min"), P("cast", P("reshape", V("x"), name="inner"), name="mid")), _reduce_through_reshape),
     (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
+    (P("add", V("x"), V("y")), _add_into_index_put),
     (P("index_select", P("reshape", V("x"), name="inner"), V("index")), _select_through_reshape),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
 ]
