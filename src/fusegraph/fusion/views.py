@@ -23,7 +23,9 @@ Run on the primitive graph just before partitioning (compiler.py, fused lowering
    take any strides). A reshape that regroups non-contiguous dims stays a copy. Graph outputs
    stay dense (an output view is an alias only when its strides are the contiguous ones), unless
    `output_strides` asks a view output for a layout with gaps and the alias has exactly that layout
-   (the torch frontend does so for q, k, v saved for the backward: views of one qkv result).
+   (the torch frontend does so for q, k, v saved for the backward: views of one qkv result). An
+   output view of a value in memory anyway (a GEMM result or its epilogue, a value a library kernel
+   reads) is an alias in the layout asked; other output views are stored by the kernel computing them.
 
    An attention output read only through transpose(1, 2) (then usually reshape [B, T, H*D]) is
    laid out as [B, T, H, D] in memory (what torch's SDPA backends produce anyway), so the
@@ -460,8 +462,8 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
             continue
         readers = users.get(node.id, [])
         # (a foldable view that is an output is stored by the kernel computing it, as before, unless
-        # its input is a GEMM result or its epilogue, in memory anyway: the row slice of a zero-padded
-        # GEMM's result, passes/pad_dims.py, is an alias)
+        # its input is in memory anyway: a GEMM result or its epilogue, or a value a library kernel
+        # reads; the row slice of a zero-padded GEMM's result, passes/pad_dims.py, is an alias)
         if not fusable(node) or any(not fusable(u) and not is_literal(u) for u in readers) or \
                 (node.id in wanted and _gemm_stored(node.inputs[0], users)):
             alias(node)

@@ -3,9 +3,9 @@
 pad_align gives a misaligned row (a 50257-token vocabulary) a padded *stride*, which is what our
 Triton GEMM needs for TMA and aligned vector loads. cuBLAS needs more: with the dimension itself
 odd it runs its align1 kernels whatever the strides (GPT-2-124M's LM head on the H200,
-bench/results/pad_align_20261202_082815.json: logits = h @ W^T 6.67 ms, dh = g @ W 4.87 ms with
+bench/results/pad_align_zero_20261202_0828.txt: logits = h @ W^T 6.67 ms, dh = g @ W 4.87 ms with
 padded strides), and with the dimension padded with zeros it runs its best ones (0.89 and 0.82 ms,
-770-790 TFLOP/s, where our Triton GEMMs on padded strides take 0.93-1.07 and 0.86). Inductor's
+709-776 TFLOP/s, where our Triton GEMMs on padded strides take 0.93-1.07 and 0.86). Inductor's
 pad_mm does the same. Per GEMM (matmul node, both operands at least 2-D, FLOPs >= MIN_FLOPS):
 
 - K misaligned where it is an operand's row (A not transposed, or B transposed): both operands get
@@ -17,9 +17,11 @@ pad_mm does the same. Per GEMM (matmul node, both operands at least 2-D, FLOPs >
 
 A pad of a value that generated code computes and only padded GEMMs read fuses into the kernel
 computing it (its padding stored as zeros: GPT-2's bf16 cast of the LM-head weight, its logits
-gradient); any other pad is a copy, taken when all of a GEMM's copies cost at most COPY_BUDGET of
-its floor. A pointwise chain reading only the GEMM result and scalars (a cast to fp32) moves above
-the slice, where it stays the GEMM's epilogue. A result sliced along N that is a graph output is
+gradient); so does one whose other readers take a strided view, which then read the padded value's
+slice (the weight's cast also saved for the backward as W^T: a view of the padded buffer); any other
+pad is a copy, taken when all of a GEMM's copies cost at most COPY_BUDGET of its floor. A pointwise
+chain reading only the GEMM result and scalars (a cast to fp32) moves above the slice, where it stays
+the GEMM's epilogue. A result sliced along N that is a graph output is
 allowed only at `free_outputs`, positions whose caller takes padded rows (the torch backend's saved
 activations, compiler.py's pad_outputs); elsewhere the GEMM is left as it is.
 
