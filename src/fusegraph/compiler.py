@@ -116,7 +116,7 @@ def front_end(graph: Graph, options: dict[str, Any], marks: bool = True) -> Grap
 
 
 def padded_view_outputs(graph: Graph, positions: Sequence[int], output_strides: Sequence[Any] | None
-                        ) -> list[Any] | None:
+                        ) -> Sequence[Any] | None:
     """`output_strides` with padded rows asked for the view outputs at `positions` whose rows are
     misaligned (a slice of a zero-padded GEMM result: returned as that alias, not copied dense)."""
     asked = list(output_strides) if output_strides is not None else [None] * len(graph.outputs)
@@ -126,7 +126,7 @@ def padded_view_outputs(graph: Graph, positions: Sequence[int], output_strides: 
         strides = padded_strides(node.spec) if get_op(node.op).has(VIEW) and not node.multi_output else None
         if strides is not None and k < len(asked):
             asked[k], changed = strides, True
-    return asked if changed else (list(output_strides) if output_strides is not None else None)
+    return asked if changed else output_strides
 
 
 def check_static_inputs(value: Any, n_inputs: int) -> tuple[int, ...]:

@@ -465,12 +465,12 @@ def view_aliases(graph: Graph, wanted: dict[int, tuple[int, ...]] | None = None
         # its input is in memory anyway: a GEMM result or its epilogue, or a value a library kernel
         # reads; the row slice of a zero-padded GEMM's result, passes/pad_dims.py, is an alias)
         if not fusable(node) or any(not fusable(u) and not is_literal(u) for u in readers) or \
-                (node.id in wanted and _gemm_stored(node.inputs[0], users)):
+                (node.id in wanted and _in_memory_anyway(node.inputs[0], users)):
             alias(node)
     return chosen
 
 
-def _gemm_stored(value: Node, users: dict[int, list[Node]], depth: int = 4) -> bool:
+def _in_memory_anyway(value: Node, users: dict[int, list[Node]], depth: int = 4) -> bool:
     """Is `value` in memory anyway: a matmul's result, a same-shape pointwise chain of single readers
     after one (an epilogue the GEMM kernel stores), or a value a library kernel reads (a GEMM's
     zero-padded operand, passes/pad_dims.py), possibly through views of it?"""
@@ -502,7 +502,7 @@ def _materialized(src: Node, view: Node, chosen: dict[int, Any], users: dict[int
         return True
     if any(not fusable(u) and u.id != view.id for u in users.get(src.id, [])):
         return True
-    return view.spec.numel >= src.spec.numel or _gemm_stored(src, users)
+    return view.spec.numel >= src.spec.numel or _in_memory_anyway(src, users)
 
 
 def with_strides(spec: TensorSpec, strides: tuple[int, ...]) -> TensorSpec:

@@ -38,7 +38,7 @@ from ..ir.emit import Emitter
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.registry import POINTWISE, get_op
-from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, same_strides, strides_for_order
+from ..ir.spec import TensorSpec, contiguous_strides, dense_in_order, same_strides
 from ..ops.linalg import matmul_dims
 from ..settings import settings
 from .pad_align import (
@@ -69,11 +69,6 @@ class _Padding:
         return tuple(sorted(self.operands.get(position, {}).items()))
 
 
-def _aligned(size: int, itemsize: int) -> int | None:
-    """The zero-padded size of a GEMM dimension, or None when it is aligned (or would grow too much)."""
-    return padded_row(size, itemsize)
-
-
 def _plan(gemm: Node, min_flops: int) -> _Padding | None:
     a, b = gemm.inputs
     if a.spec.rank < 2 or b.spec.rank < 2:
@@ -87,13 +82,14 @@ def _plan(gemm: Node, min_flops: int) -> _Padding | None:
         return None
     size = gemm.spec.itemsize
     operands: dict[int, dict[int, int]] = {}
-    pad_k = _aligned(k, size) if (not trans_a or trans_b) else None
+    # padded_row: the aligned size of a misaligned dim (None: aligned, or it would grow too much)
+    pad_k = padded_row(k, size) if (not trans_a or trans_b) else None
     if pad_k is not None:
         operands.setdefault(0, {})[-2 if trans_a else -1] = pad_k
         operands.setdefault(1, {})[-1 if trans_b else -2] = pad_k
     padding = _Padding(gemm, operands)
-    pad_n = _aligned(n, size)
-    pad_m = _aligned(m, size) if trans_a else None
+    pad_n = padded_row(n, size)
+    pad_m = padded_row(m, size) if trans_a else None
     if pad_n is not None:
         operands.setdefault(1, {})[-2 if trans_b else -1] = pad_n
         padding.out_dim, padding.out_size = -1, n
@@ -187,7 +183,7 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
         paddings[node.id] = padding
     if not paddings:
         return graph
-    bandwidth = (device or _default_device()).bandwidth
+    device = device or _default_device()
     while True:
         wanted: dict[int, dict[int, tuple[tuple[int, int], ...]]] = {}
         for padding in paddings.values():
@@ -195,9 +191,9 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
                 wanted.setdefault(padding.gemm.inputs[position].id, {})[padding.gemm.id] = padding.pads_of(position)
         dropped = []
         for gid, padding in paddings.items():
-            copy_s = sum(2 * padding.gemm.inputs[p].spec.nbytes / bandwidth for p in padding.operands
+            copy_s = sum(2 * padding.gemm.inputs[p].spec.nbytes / device.bandwidth for p in padding.operands
                          if not _pad_is_fused(padding.gemm.inputs[p], padding.pads_of(p), users, wanted, outputs))
-            if copy_s > COPY_BUDGET * _gemm_floor_s(padding.gemm, device or _default_device()):
+            if copy_s > COPY_BUDGET * _gemm_floor_s(padding.gemm, device):
                 dropped.append(gid)
         if not dropped:
             break
@@ -211,14 +207,15 @@ def pad_gemm_dims_graph(graph: Graph, free_outputs: Collection[int] = (), device
     return _rewrite(graph, paddings, shared, wanted)
 
 
-def _memory_order(spec: TensorSpec) -> tuple[int, ...] | None:
-    """The dim order (outermost first) of a dense, not row-major layout, else None."""
+def _own_order(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Dense strides of `shape` in the dim order of `spec` when that is a dense layout other than
+    row-major (a transposed input), else None."""
     strides = spec.memory_strides
-    if spec.rank < 2 or same_strides(spec.shape, strides, contiguous_strides(spec.shape)) or \
-            dense_in_order(spec.shape, strides) is None:
+    dense = dense_in_order(spec.shape, strides)
+    if spec.rank < 2 or dense is None or not same_strides(spec.shape, strides, dense) or \
+            same_strides(spec.shape, strides, contiguous_strides(spec.shape)):
         return None
-    order = tuple(sorted(range(spec.rank), key=lambda d: (-strides[d], d)))
-    return order if same_strides(spec.shape, strides, strides_for_order(spec.shape, order)) else None
+    return dense_in_order(shape, strides)
 
 
 def _rewrite(graph: Graph, paddings: dict[int, _Padding], shared: dict[int, tuple[tuple[int, int], ...]],
@@ -247,9 +244,9 @@ def _rewrite(graph: Graph, paddings: dict[int, _Padding], shared: dict[int, tupl
         for d, size in dims:
             amounts[2 * (-d - 1) + 1] = size - value.shape[d]
         pad = em.op("pad", value, pad=tuple(amounts), value=0.0, _name=f"{value.name}.zero_padded")
-        order = _memory_order(value.spec)
-        if order is not None:   # a transposed input (a saved W^T): padded in its own order, a plain copy
-            pad = pad.replace(specs=(pad.spec.with_(layout="strided", strides=strides_for_order(pad.shape, order)),))
+        own = _own_order(value.spec, pad.shape)
+        if own is not None:   # a transposed input (a saved W^T): padded in its own order, a plain copy
+            pad = pad.replace(specs=(pad.spec.with_(layout="strided", strides=own),))
         pads[key] = pad
         return pad
 

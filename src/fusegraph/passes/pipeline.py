@@ -1,6 +1,9 @@
 """The optimization pipeline, in order. Read top to bottom.
 
-`decompose` is not here: the fusion lowering calls it (it decides which composites to keep).
+`decompose` is not here: the fusion lowering calls it (it decides which composites to keep). Nor are
+the passes that need build options, which compiler.front_end runs after this list, in this order:
+the layout pass (passes/layout.py), pad_gemm_dims (passes/pad_dims.py: outputs the caller takes
+padded) and pad_outputs (passes/pad_align.py).
 The list runs repeatedly until a round changes nothing (at most MAX_ROUNDS rounds): simplifying
 can expose constants to fold, folding can expose identities (x * (2 - 1)), and merging
 duplicates can expose both.
