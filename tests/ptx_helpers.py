@@ -39,3 +39,37 @@ def sm90_ptx(source: str, name: str, constants: dict[str, Any], types: dict[str,
     if done.returncode != 0:   # a Triton that cannot compile for CUDA on this machine
         pytest.skip(f"cannot compile sm_90 PTX here: {done.stderr[-300:]}")
     return done.stdout
+
+
+_COMPILE_EXACT = """
+import importlib.util, json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+path, name, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+loader = importlib.util.spec_from_file_location("fg_ptx_check", path)
+module = importlib.util.module_from_spec(loader)
+loader.loader.exec_module(module)
+attrs = {tuple(k): v for k, v in spec["attrs"]}
+src = ASTSource(fn=getattr(module, name), signature=spec["signature"], constexprs=spec["constants"], attrs=attrs)
+sys.stdout.write(compile(src, target=GPUTarget("cuda", 90, 32), options=spec["options"]).asm["ptx"])
+"""
+
+
+def sm90_ptx_exact(source: str, name: str, signature: dict[str, str], constants: dict[str, Any],
+                   attrs: dict[tuple[int, ...], Any], options: dict[str, Any]) -> str:
+    """`name` from `source` compiled for sm_90 with exactly this signature, these constexprs, these
+    argument attributes (divisibility) and launch options, in a process without TRITON_INTERPRET (the
+    interpreter patches triton.language in the process it runs in). A compile error fails the test."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.py"
+        path.write_text(source)
+        spec = {"signature": signature, "constants": constants, "attrs": [[list(k), v] for k, v in attrs.items()],
+                "options": options}
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, "-c", _COMPILE_EXACT, str(path), name, json.dumps(spec)],
+                              capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"sm_90 compile of {name} failed: {done.stderr[-2000:]}")
+    return done.stdout

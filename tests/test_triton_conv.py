@@ -30,6 +30,7 @@ from fusegraph.backends.conv_kernel import LIBRARY_SOURCES, conv_group_kernel, l
 from fusegraph.fusion.epilogue import ConvGroup, claim_epilogues
 from fusegraph.fusion.partition import partition_graph
 from fusegraph.settings import override
+from ptx_helpers import sm90_ptx_exact
 
 CL = torch.channels_last
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -243,9 +244,6 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
     """The conv's PTX compiled for an H100/H200 (sm_90) without a GPU: triton.compile of the kernel
     specialized as a launch would be (16-byte-aligned pointers; ints divisible by 16 marked so, ints
     equal to 1 constant)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile
     from triton.runtime.jit import JITFunction
 
     p = conv.problem
@@ -273,16 +271,10 @@ def _sm90_ptx(conv: triton_conv.TritonConv) -> str:
             elif value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     options = {"num_warps": conv.launch_options["num_warps"], "num_stages": conv.launch_options["num_stages"]}
-    # the code generator reads triton.knobs.runtime.interpret (constexpr functions return raw values under
-    # the interpreter): under TRITON_INTERPRET=1 (`make test`) it must be off for this compile
-    saved = triton.knobs.runtime.interpret
-    triton.knobs.runtime.interpret = False
-    try:
-        kernel = compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                         options=options)
-    finally:
-        triton.knobs.runtime.interpret = saved
-    return str(kernel.asm["ptx"])
+    # compiled in a child process: under TRITON_INTERPRET=1 (`make test`) the interpreter may have
+    # patched triton.language in this one
+    return sm90_ptx_exact(triton_conv.TRITON_CONV_SOURCE, triton_conv.KERNEL_NAME, signature, constants, attrs,
+                          options)
 
 
 def test_compiled_for_sm90_the_padded_stem_loads_vectors_where_the_direct_one_loads_elements() -> None:

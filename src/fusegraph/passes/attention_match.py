@@ -10,19 +10,30 @@ Matched (q, k, v are [B, H, S, D]; every intermediate has a single user):
 
 The scale is the product of the constants found; the rewritten node computes in the graph's
 compute dtype like the reference, so results match the unfused graph up to the rounding of the
-intermediate 16-bit values it no longer produces. Not matched (left as is): masks applied with
-`where`/masked_fill, softmax over another dim, P used elsewhere (e.g. returned).
+intermediate 16-bit values it no longer produces.
+
+Also matched: torch's math SDPA (what AOTAutograd traces where no fused kernel takes the call, e.g.
+a Hugging Face encoder's boolean mask under torch.compile) on 16-bit q, k, v:
+    out = cast(matmul(P, cast(v, fp32)), 16-bit)
+    P   = where((S == -inf).all(-1, keepdim=True), 0, softmax(S))    its "safe" softmax
+    S   = matmul(cast(q) * c, transpose(cast(k)) * c) (+ mask)       the scale split over q and k
+The rewritten node reads the 16-bit q, k, v: the fused kernel accumulates in fp32 as torch's
+flash / memory-efficient kernels do, without the fp32 copies of q, k, v and the [Sq, Sk] fp32
+scores. A row whose every score is -inf gives 0 in both. Not matched (left as is): masks applied
+with `where`/masked_fill, softmax over another dim, P used elsewhere (e.g. returned).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import dtypes
 from ..ir.emit import Emitter
 from ..ir.graph import Graph
-from ..ir.node import Node
+from ..ir.node import Attrs, Node
 from .base import graph_pass
+from .simplify import broadcast_literal, swaps_last_two
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ class AttentionMatch:
     v: Node
     mask: Node | None
     scale: float
+    k_transposed: bool = False      # `k` holds k^T ([B, H, D, Sk]): the rewrite transposes it back
 
 
 def _scalar(node: Node) -> float | None:
@@ -40,6 +52,10 @@ def _scalar(node: Node) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+def literal_zero(node: Node) -> bool:
+    return broadcast_literal(node) == 0.0
 
 
 def _split_scale(node: Node) -> tuple[Node, float]:
@@ -55,38 +71,125 @@ def _split_scale(node: Node) -> tuple[Node, float]:
     return node, 1.0
 
 
+def _guard_of(guard: Node, scores: Node, users: dict[int, list[Node]]) -> Node | None:
+    """The eq(scores, -inf) node when `guard` is "every element of this row of scores is -inf" in
+    the form the torch frontend gives `(scores == -inf).all(-1, keepdim=True)`: ne(min(cast(eq(scores,
+    -inf)), last dim, keepdim), 0). Its nodes must be used only along this chain."""
+    last = scores.spec.rank - 1
+    if guard.op != "ne" or _scalar(guard.inputs[1]) != 0.0:
+        return None
+    reduced = guard.inputs[0]
+    dims = reduced.attrs.get("dims")
+    dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
+    if reduced.op != "min" or [d % max(scores.spec.rank, 1) for d in dims] != [last] or \
+            not reduced.attrs.get("keepdim", False) or len(users.get(reduced.id, ())) != 1:
+        return None
+    flag = reduced.inputs[0]
+    if flag.op != "cast" or len(users.get(flag.id, ())) != 1:
+        return None
+    eq = flag.inputs[0]
+    if eq.op != "eq" or len(users.get(eq.id, ())) != 1 or len(eq.inputs) != 2:
+        return None
+    a, b = eq.inputs
+    other = b if a is scores else (a if b is scores else None)
+    if other is None or _scalar(other) != float("-inf"):
+        return None
+    return eq
+
+
+def _uncast(node: Node, dtype: str) -> Node | None:
+    """x for node = cast(x) with x of `dtype` (the math path's upcast of a 16-bit operand), else None."""
+    return node.inputs[0] if node.op == "cast" and node.inputs[0].dtype == dtype else None
+
+
+def _matmul4(node: Node, single: Callable[[Node], bool]) -> tuple[Node, Node, Attrs] | None:
+    """(a, b, attrs) when `node` is a 4-D matmul(a, b), or its AOTAutograd spelling
+    view(bmm(view(a, [B*H, M, K]), view(b, [B*H, K, N])), [B, H, M, N]) with a and b 4-D."""
+    if node.op == "matmul" and node.spec.rank == 4 and len(node.inputs) == 2:
+        return node.inputs[0], node.inputs[1], node.attrs
+    if node.op != "reshape" or node.spec.rank != 4:
+        return None
+    mm = node.inputs[0]
+    if mm.op != "matmul" or mm.spec.rank != 3 or len(mm.inputs) != 2 or not single(mm):
+        return None
+    lead = node.shape[:2]
+    operands = []
+    for operand in mm.inputs:
+        if operand.op != "reshape" or operand.inputs[0].spec.rank != 4:
+            return None
+        src = operand.inputs[0]
+        if src.shape[:2] != lead or src.shape[2:] != operand.shape[1:]:
+            return None
+        operands.append(src)
+    if mm.shape[0] != lead[0] * lead[1] or mm.shape[1:] != node.shape[2:] or not single(mm.inputs[0]):
+        return None
+    return operands[0], operands[1], mm.attrs
+
+
 def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[int] = frozenset()) -> \
         AttentionMatch | None:
     """The attention computed by `out` = matmul(P, v), or None. `outputs`: ids of graph outputs
-    (an intermediate that is an output is used elsewhere)."""
+    (an intermediate that is an output is used elsewhere). Also torch's math SDPA on 16-bit inputs:
+    `out` = cast(matmul(P, cast(v)), 16-bit), q, k, v upcast to fp32, P a "safe" softmax."""
     def single(n: Node) -> bool:
         return len(users.get(n.id, ())) == 1 and n.id not in outputs
 
-    if out.op != "matmul" or out.attrs.get("trans_a", False) or out.attrs.get("trans_b", False):
+    low: str | None = None          # the 16-bit dtype the math path upcast from
+    if out.op == "cast" and dtypes.is_float(out.dtype) and out.inputs[0].op in ("matmul", "reshape") and \
+            single(out.inputs[0]) and out.inputs[0].dtype in ("float32", "float64") and \
+            dtypes.itemsize(out.dtype) < dtypes.itemsize(out.inputs[0].dtype):
+        low, product = out.dtype, out.inputs[0]
+    else:
+        product = out
+    pv = _matmul4(product, single)
+    if pv is None or pv[2].get("trans_a", False) or pv[2].get("trans_b", False):
         return None
-    probs, v = out.inputs
+    probs, v, _ = pv
+    if low is not None:
+        v_low = _uncast(v, low)
+        if v_low is None:
+            return None
+        v = v_low
     if probs.op == "cast" and single(probs):
         probs = probs.inputs[0]
+    guard_eq: Node | None = None
+    if probs.op == "where" and single(probs) and literal_zero(probs.inputs[1]):
+        # torch's _safe_softmax: where(row all -inf, 0, softmax(s)); our attention gives 0 there too
+        soft = probs.inputs[2]
+        if soft.op == "softmax" and single(soft):
+            guard_eq = _guard_of(probs.inputs[0], soft.inputs[0], users)
+            if guard_eq is not None:
+                probs = soft
     if probs.op != "softmax" or not single(probs) or probs.attrs.get("dim", -1) % max(probs.spec.rank, 1) != \
             probs.spec.rank - 1:
         return None
     scores = probs.inputs[0]
+
+    def only_softmax(n: Node) -> bool:   # n feeds the softmax (and the safe softmax's guard) only
+        allowed = {probs.id} | ({guard_eq.id} if guard_eq is not None else set())
+        return n.id not in outputs and {u.id for u in users.get(n.id, ())} <= allowed
+
+    if guard_eq is not None and not only_softmax(scores):
+        return None
     mask = None
-    if scores.op == "add" and single(scores):
+    if scores.op == "add" and only_softmax(scores):
         a, b = scores.inputs
         for s, m in ((a, b), (b, a)):
-            if s.op in ("mul", "div", "matmul") and m.spec.rank >= 1 and dtypes.is_float(m.dtype):
+            if s.op in ("mul", "div", "matmul", "reshape") and m.spec.rank >= 1 and dtypes.is_float(m.dtype):
                 scores, mask = s, m
                 break
+    elif guard_eq is None and not single(scores):
+        return None
     scale = 1.0
-    if scores.op != "matmul":
+    if scores.op in ("mul", "div"):
         if not single(scores):
             return None
         scores, scale = _split_scale(scores)
-    if scores.op != "matmul" or not single(scores) or scores.attrs.get("trans_a", False) \
-            or not scores.attrs.get("trans_b", False):
+    qk = _matmul4(scores, single)
+    if qk is None or not (only_softmax(scores) if scores is probs.inputs[0] else single(scores)) or \
+            qk[2].get("trans_a", False):
         return None
-    q, k = scores.inputs
+    q, k, qk_attrs = qk
     for operand in (q, k):
         inner, c = _split_scale(operand)
         if inner is not operand and single(operand):
@@ -95,16 +198,30 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
                 q = inner
             else:
                 k = inner
+    k_transposed = False
+    if not qk_attrs.get("trans_b", False):
+        # k^T as a value: a transpose (under a scale simplify could not fold it through), or any
+        # view [B, H, D, Sk] (a permute of the projection) that the rewrite transposes back
+        if swaps_last_two(k) and single(k):
+            k = k.inputs[0]
+        else:
+            k_transposed = True
+    if low is not None:
+        q_low, k_low = _uncast(q, low), _uncast(k, low)
+        if q_low is None or k_low is None:
+            return None
+        q, k = q_low, k_low
     if not all(t.spec.rank == 4 for t in (q, k, v)) or not q.dtype == k.dtype == v.dtype == out.dtype:
         return None
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
+    k_shape = (*k.shape[:2], k.shape[3], k.shape[2]) if k_transposed else k.shape
+    if q.shape[:2] != k_shape[:2] or k_shape[:3] != v.shape[:3] or q.shape[3] != k_shape[3]:
         return None
     if mask is not None:
-        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        full = (q.shape[0], q.shape[1], q.shape[2], k_shape[2])
         if mask.spec.rank > 4 or any(m not in (1, f) for m, f in zip(reversed(mask.shape), reversed(full),
                                                                        strict=False)):
             return None
-    return AttentionMatch(q, k, v, mask, scale)
+    return AttentionMatch(q, k, v, mask, scale, k_transposed)
 
 
 @graph_pass("attention_match")
@@ -123,7 +240,10 @@ def attention_match(graph: Graph) -> Graph:
         match = matches.get(node.id)
         if match is not None:
             e = Emitter(prefix=f"{node.name}.", source=node.source)
-            args = [mapping[match.q.id], mapping[match.k.id], mapping[match.v.id]]
+            k = mapping[match.k.id]
+            if match.k_transposed:
+                k = e.op("transpose", k, dim0=2, dim1=3)
+            args = [mapping[match.q.id], k, mapping[match.v.id]]
             if match.mask is not None:
                 args.append(mapping[match.mask.id])
             mapping[node.id] = e.op("scaled_dot_product_attention", *args, _name=node.name,

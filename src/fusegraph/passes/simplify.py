@@ -27,6 +27,11 @@ What counts as "exact" here (each rule says which it relies on):
   can share the pass of the kernel that computes its input (fusion/partition.py pairs rows with
   columns). A cast between the two moves along (sum(cast(reshape(g))) -> sum(cast(g))). A reshape
   that splits dims is left alone: the finer space is already the reduction's.
+- A comparison whose operands' bounds decide it everywhere is a literal bool: bounds come from
+  iotas (0 .. n-1), literals, views, lossless casts, sums, differences and products (value_range);
+  `arange(S)[:, None] >= 0`, the all-true attention mask a traced Hugging Face model builds, is True.
+  where(c, x, y) with a literal c is x or y (broadcast to the result), and x + z with z a zero
+  broadcast and/or cast is x. Exact (the last as x+0 above).
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -382,6 +387,112 @@ def _select_through_reshape(node: Node, inner: Node, x: Node, index: Node) -> No
     return rebuild(node, "reshape", [selected], shape=tuple(node.shape))
 
 
+def broadcast_literal(node: Node) -> float | None:
+    """The value of every element of `node` when it is a literal (scalar or uniform constant) seen
+    through expand / reshape / cast: a where's constant condition, a zero mask broadcast and cast."""
+    chain: list[Node] = []
+    while node.op in ("expand", "reshape", "cast") and len(node.inputs) == 1:
+        chain.append(node)
+        node = node.inputs[0]
+    value = literal_value(node)
+    if value is None:
+        return None
+    try:
+        t = torch.tensor(value, dtype=dtypes.to_torch(node.dtype))
+        for n in reversed(chain):
+            if n.op == "cast":
+                t = t.to(dtypes.to_torch(n.dtype))
+    except (TypeError, RuntimeError, ValueError, KeyError):
+        return None
+    return float(t.item())
+
+
+def full_like(node: Node, value: float | bool) -> Node | None:
+    """`value` in node's shape and dtype, reading nothing: a scalar broadcast by expand."""
+    v = bool(value) if node.dtype == "bool" else value
+    scalar = emitter_for(node).scalar(v, node.dtype)
+    return scalar if node.shape == () else rebuild(node, "expand", [scalar], shape=node.shape)
+
+
+RANGE_DEPTH = 12
+
+
+def value_range(node: Node, depth: int = 0) -> tuple[float, float] | None:
+    """Bounds (lo, hi) on every element of an index computation: an iota (0 .. n-1), a literal, their
+    views, lossless casts, sums and differences, and products with a literal. None where unknown."""
+    if depth > RANGE_DEPTH:
+        return None
+    value = literal_value(node)
+    if value is not None:
+        return (value, value) if value == value else None      # NaN bounds nothing
+    if node.op == "iota":
+        n = int(node.shape[int(node.attrs["dim"]) % len(node.shape)])
+        return (0.0, float(n - 1)) if n > 0 else None
+    if node.op in ("expand", "reshape", "permute", "transpose") and node.inputs:
+        return value_range(node.inputs[0], depth + 1)
+    if node.op == "cast" and lossless(node.inputs[0].dtype, node.dtype) and node.dtype != "bool":
+        return value_range(node.inputs[0], depth + 1)
+    if node.op in ("add", "sub", "mul") and len(node.inputs) == 2 and node.dtype != "bool":
+        a, b = (value_range(i, depth + 1) for i in node.inputs)
+        if a is None or b is None:
+            return None
+        if node.op == "add":
+            lo, hi = a[0] + b[0], a[1] + b[1]
+        elif node.op == "sub":
+            lo, hi = a[0] - b[1], a[1] - b[0]
+        else:
+            products = [x * y for x in a for y in b]
+            lo, hi = min(products), max(products)
+        # exact in the result dtype: integers (no overflow at index sizes) or floats within the
+        # integers they hold exactly
+        limit = 2.0 ** 53 if dtypes.is_int(node.dtype) else 1.0 / torch.finfo(dtypes.to_torch(node.dtype)).eps
+        return (lo, hi) if max(abs(lo), abs(hi)) <= limit else None
+    return None
+
+
+_DECIDE = {
+    "ge": lambda a, b: True if a[0] >= b[1] else (False if a[1] < b[0] else None),
+    "gt": lambda a, b: True if a[0] > b[1] else (False if a[1] <= b[0] else None),
+    "le": lambda a, b: True if a[1] <= b[0] else (False if a[0] > b[1] else None),
+    "lt": lambda a, b: True if a[1] < b[0] else (False if a[0] >= b[1] else None),
+    "eq": lambda a, b: True if a[0] == a[1] == b[0] == b[1] else (False if a[1] < b[0] or b[1] < a[0] else None),
+    "ne": lambda a, b: False if a[0] == a[1] == b[0] == b[1] else (True if a[1] < b[0] or b[1] < a[0] else None),
+}
+
+
+def _decided_compare(node: Node, x: Node, y: Node) -> Node | None:
+    """A comparison that the bounds of its operands decide for every element (an attention mask
+    built as `q_idx >= 0` over an arange) is that constant: True/False broadcast."""
+    if literal_value(x) is not None and literal_value(y) is not None:
+        return None        # two literals: constant folding's job
+    a, b = value_range(x), value_range(y)
+    if a is None or b is None:
+        return None
+    decided = _DECIDE[node.op](a, b)
+    return None if decided is None else full_like(node, decided)
+
+
+def _broadcast_to(node: Node, x: Node) -> Node | None:
+    """x as a replacement for `node` (same dtype), broadcast to node's shape when it is smaller."""
+    if x.dtype != node.dtype:
+        return None
+    return x if x.shape == node.shape else rebuild(node, "expand", [x], shape=node.shape)
+
+
+def _where_literal(node: Node, cond: Node, x: Node, y: Node) -> Node | None:
+    """where(c, x, y) with a condition that is the same literal everywhere picks x or y."""
+    value = broadcast_literal(cond)
+    return None if value is None else _broadcast_to(node, x if value else y)
+
+
+def _add_broadcast_zero(node: Node, x: Node, z: Node) -> Node | None:
+    """x + 0 where the zero is broadcast and/or cast (an all-true mask's additive form, 0 or -inf,
+    after the condition was decided): x, when x already has the result's shape and dtype."""
+    if z.op in ("scalar", "constant") or broadcast_literal(z) != 0.0:
+        return None
+    return x if x.shape == node.shape and x.dtype == node.dtype else None
+
+
 VIEWS = ("permute", "transpose")
 RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     # additive / multiplicative identities (x+0 ignores the sign of zero, see above)
@@ -406,6 +517,9 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P(("sum", "max", "min"), P("reshape", V("x"), name="inner")), _reduce_through_reshape),
     (P(("sum", "max", "min"), P("cast", P("reshape", V("x"), name="inner"), name="mid")), _reduce_through_reshape),
     (P("where", V("cond"), V("x"), V("x")), lambda node, cond, x: x),
+    (P("where", V("cond"), V("x"), V("y")), _where_literal),
+    (P(("ge", "gt", "le", "lt", "eq", "ne"), V("x"), V("y")), _decided_compare),
+    (P("add", V("x"), V("z")), _add_broadcast_zero),
     (P("add", V("x"), V("y")), _add_into_index_put),
     (P("index_select", P("reshape", V("x"), name="inner"), V("index")), _select_through_reshape),
     (P("matmul", V("a"), V("b")), _transpose_into_matmul),
