@@ -300,7 +300,9 @@ def versions() -> dict[str, Any]:
 
 
 def select(args: argparse.Namespace) -> list[ZooModel]:
-    models = [m for m in MODELS if not args.only or m.name in args.only]
+    by_name = {m.name: m for m in MODELS}
+    # --only runs the models in the order given (the first ones run before a --budget-s cut)
+    models = [by_name[n] for n in dict.fromkeys(args.only) if n in by_name] if args.only else list(MODELS)
     unknown = sorted(set(args.only or ()) - {m.name for m in MODELS})
     if unknown:
         raise SystemExit(f"unknown model(s): {', '.join(unknown)}; see --list")
@@ -378,7 +380,7 @@ class Results:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--list", action="store_true", help="list the models and whether each can be built here")
-    p.add_argument("--only", nargs="*", default=None, help="model names (see --list)")
+    p.add_argument("--only", nargs="*", default=None, help="model names (see --list), run in this order")
     p.add_argument("--dtypes", nargs="*", default=None, help="default: float32 bfloat16 (GPU), float32 (CPU)")
     p.add_argument("--quick", action="store_true", help="batch / 4 and fewer timed calls")
     p.add_argument("--batch", type=int, default=None, help="override every model's batch")

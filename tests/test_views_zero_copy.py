@@ -5,6 +5,7 @@ strided views of the fused qkv projection. Kernel counts are asserted on the tor
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -261,11 +262,24 @@ def test_misaligned_slice_stays_a_copy() -> None:
     assert_close(s_out, x_t[:, 1:] @ w_t, tol=1e-5)
 
 
-def test_bmm_of_views_becomes_a_batched_matmul_without_copies() -> None:
+class ReluAttentionBlock(MatmulSoftmaxBlock):
+    """MatmulSoftmaxBlock with relu in place of softmax: two batched GEMMs no attention op covers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.relu(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)) @ v
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+@pytest.mark.parametrize("block", [MatmulSoftmaxBlock, ReluAttentionBlock])
+def test_bmm_of_views_becomes_a_batched_matmul_without_copies(block: type) -> None:
     # view -> bmm -> view around q @ k^T and p @ v: the GEMMs take the [B, H] batch dims with their
-    # strides (q, k, v stay views of the qkv projection); only att.transpose(1, 2).reshape copies
+    # strides (q, k, v stay views of the qkv projection); only att.transpose(1, 2).reshape copies.
+    # With softmax between them the chain is one attention op reading the same views.
     torch.manual_seed(0)
-    model = MatmulSoftmaxBlock(64, 4)
+    model = block(64, 4)
     x = torch.randn(2, 16, 64)
     torch._dynamo.reset()
     compiled = fg.compile(model)
@@ -274,7 +288,9 @@ def test_bmm_of_views_becomes_a_batched_matmul_without_copies() -> None:
     assert_close(got, want, tol=1e-4)
     kernels = kernel_lists(compiled)["inference"]
     assert len(kernels) <= 10 and len(layout_only(kernels)) <= 1, kernels   # was 13 (4 reshape copies)
-    assert sum(k.startswith("matmul/") for k in kernels) == 6, kernels
+    attention = sum(k.startswith("attention/") for k in kernels)
+    assert attention == (1 if block is MatmulSoftmaxBlock else 0), kernels
+    assert sum(k.startswith("matmul/") for k in kernels) == 6 - 2 * attention, kernels
 
 
 def test_layouts_with_gaps_are_told_apart_from_dense_and_overlapping_ones():

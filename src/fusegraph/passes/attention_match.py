@@ -25,6 +25,7 @@ with `where`/masked_fill, softmax over another dim, P used elsewhere (e.g. retur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ class AttentionMatch:
     mask: Node | None
     scale: float
     k_transposed: bool = False      # `k` holds k^T ([B, H, D, Sk]): the rewrite transposes it back
+    shapes: tuple[tuple[int, ...], ...] = ()   # q, k, v viewed as these 4-D shapes where they differ
 
 
 def _scalar(node: Node) -> float | None:
@@ -102,11 +104,17 @@ def _uncast(node: Node, dtype: str) -> Node | None:
     return node.inputs[0] if node.op == "cast" and node.inputs[0].dtype == dtype else None
 
 
-def _matmul4(node: Node, single: Callable[[Node], bool]) -> tuple[Node, Node, Attrs] | None:
-    """(a, b, attrs) when `node` is a 4-D matmul(a, b), or its AOTAutograd spelling
-    view(bmm(view(a, [B*H, M, K]), view(b, [B*H, K, N])), [B, H, M, N]) with a and b 4-D."""
+Shape = tuple[int, ...]
+
+
+def _matmul4(node: Node, single: Callable[[Node], bool]) -> tuple[Node, Shape, Node, Shape, Attrs] | None:
+    """(a, a's 4-D shape, b, b's 4-D shape, attrs) when `node` is a 4-D matmul(a, b), or its AOTAutograd
+    spelling view(bmm(view(a, [B*H, M, K]), view(b, [B*H, K, N])), [B, H, M, N]). There a and b may
+    have any leading dims holding B*H elements (Hugging Face's repeat_kv gives k and v as [B, Hk, G, S, D]):
+    viewed [B, H, ...] they are what the bmm multiplies, batch n = b*H + h on both sides."""
     if node.op == "matmul" and node.spec.rank == 4 and len(node.inputs) == 2:
-        return node.inputs[0], node.inputs[1], node.attrs
+        a, b = node.inputs
+        return a, a.shape, b, b.shape, node.attrs
     if node.op != "reshape" or node.spec.rank != 4:
         return None
     mm = node.inputs[0]
@@ -115,15 +123,16 @@ def _matmul4(node: Node, single: Callable[[Node], bool]) -> tuple[Node, Node, At
     lead = node.shape[:2]
     operands = []
     for operand in mm.inputs:
-        if operand.op != "reshape" or operand.inputs[0].spec.rank != 4:
+        if operand.op != "reshape" or operand.inputs[0].spec.rank < 3:
             return None
         src = operand.inputs[0]
-        if src.shape[:2] != lead or src.shape[2:] != operand.shape[1:]:
+        if src.shape[-2:] != operand.shape[1:] or math.prod(src.shape[:-2]) != lead[0] * lead[1]:
             return None
         operands.append(src)
     if mm.shape[0] != lead[0] * lead[1] or mm.shape[1:] != node.shape[2:] or not single(mm.inputs[0]):
         return None
-    return operands[0], operands[1], mm.attrs
+    a, b = operands
+    return a, (*lead, *a.shape[-2:]), b, (*lead, *b.shape[-2:]), mm.attrs
 
 
 def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[int] = frozenset()) -> \
@@ -142,9 +151,11 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
     else:
         product = out
     pv = _matmul4(product, single)
-    if pv is None or pv[2].get("trans_a", False) or pv[2].get("trans_b", False):
+    if pv is None or pv[4].get("trans_a", False) or pv[4].get("trans_b", False):
         return None
-    probs, v, _ = pv
+    probs, p_shape, v, v_shape, _ = pv
+    if p_shape != probs.shape:          # P viewed from another shape: not the softmax's rows
+        return None
     if low is not None:
         v_low = _uncast(v, low)
         if v_low is None:
@@ -164,11 +175,17 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
             probs.spec.rank - 1:
         return None
     scores = probs.inputs[0]
+    readers = {probs.id} | ({guard_eq.id} if guard_eq is not None else set())
+    if guard_eq is None and scores.op == "cast" and dtypes.is_float(scores.inputs[0].dtype) and \
+            dtypes.itemsize(scores.inputs[0].dtype) < dtypes.itemsize(scores.dtype) and single(scores):
+        # 16-bit scores upcast for the softmax (T5: softmax(scores.float()).type_as(scores)): the
+        # attention op's softmax is fp32 anyway
+        readers, scores = {scores.id}, scores.inputs[0]
 
     def only_softmax(n: Node) -> bool:   # n feeds the softmax (and the safe softmax's guard) only
-        allowed = {probs.id} | ({guard_eq.id} if guard_eq is not None else set())
-        return n.id not in outputs and {u.id for u in users.get(n.id, ())} <= allowed
+        return n.id not in outputs and {u.id for u in users.get(n.id, ())} <= readers
 
+    softmax_input = scores
     if guard_eq is not None and not only_softmax(scores):
         return None
     mask = None
@@ -186,10 +203,10 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
             return None
         scores, scale = _split_scale(scores)
     qk = _matmul4(scores, single)
-    if qk is None or not (only_softmax(scores) if scores is probs.inputs[0] else single(scores)) or \
-            qk[2].get("trans_a", False):
+    if qk is None or not (only_softmax(scores) if scores is softmax_input else single(scores)) or \
+            qk[4].get("trans_a", False):
         return None
-    q, k, qk_attrs = qk
+    q, q_shape, k, k_shape, qk_attrs = qk
     for operand in (q, k):
         inner, c = _split_scale(operand)
         if inner is not operand and single(operand):
@@ -202,8 +219,9 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
     if not qk_attrs.get("trans_b", False):
         # k^T as a value: a transpose (under a scale simplify could not fold it through), or any
         # view [B, H, D, Sk] (a permute of the projection) that the rewrite transposes back
-        if swaps_last_two(k) and single(k):
+        if swaps_last_two(k) and single(k) and k.shape == k_shape:
             k = k.inputs[0]
+            k_shape = (*k_shape[:2], k_shape[3], k_shape[2])
         else:
             k_transposed = True
     if low is not None:
@@ -211,17 +229,17 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
         if q_low is None or k_low is None:
             return None
         q, k = q_low, k_low
-    if not all(t.spec.rank == 4 for t in (q, k, v)) or not q.dtype == k.dtype == v.dtype == out.dtype:
+    if not q.dtype == k.dtype == v.dtype == out.dtype:
         return None
-    k_shape = (*k.shape[:2], k.shape[3], k.shape[2]) if k_transposed else k.shape
-    if q.shape[:2] != k_shape[:2] or k_shape[:3] != v.shape[:3] or q.shape[3] != k_shape[3]:
+    kt = (*k_shape[:2], k_shape[3], k_shape[2]) if k_transposed else k_shape      # [B, H, Sk, D]
+    if q_shape[:2] != kt[:2] or kt[:3] != v_shape[:3] or q_shape[3] != kt[3]:
         return None
     if mask is not None:
-        full = (q.shape[0], q.shape[1], q.shape[2], k_shape[2])
+        full = (q_shape[0], q_shape[1], q_shape[2], kt[2])
         if mask.spec.rank > 4 or any(m not in (1, f) for m, f in zip(reversed(mask.shape), reversed(full),
                                                                        strict=False)):
             return None
-    return AttentionMatch(q, k, v, mask, scale, k_transposed)
+    return AttentionMatch(q, k, v, mask, scale, k_transposed, (q_shape, k_shape, v_shape))
 
 
 @graph_pass("attention_match")
@@ -240,10 +258,11 @@ def attention_match(graph: Graph) -> Graph:
         match = matches.get(node.id)
         if match is not None:
             e = Emitter(prefix=f"{node.name}.", source=node.source)
-            k = mapping[match.k.id]
+            q, k, v = (mapping[t.id] if mapping[t.id].shape == shape else e.op("reshape", mapping[t.id], shape=shape)
+                       for t, shape in zip((match.q, match.k, match.v), match.shapes, strict=True))
             if match.k_transposed:
                 k = e.op("transpose", k, dim0=2, dim1=3)
-            args = [mapping[match.q.id], k, mapping[match.v.id]]
+            args = [q, k, v]
             if match.mask is not None:
                 args.append(mapping[match.mask.id])
             mapping[node.id] = e.op("scaled_dot_product_attention", *args, _name=node.name,

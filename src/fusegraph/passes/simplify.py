@@ -443,9 +443,12 @@ def value_range(node: Node, depth: int = 0) -> tuple[float, float] | None:
         else:
             products = [x * y for x in a for y in b]
             lo, hi = min(products), max(products)
-        # exact in the result dtype: integers (no overflow at index sizes) or floats within the
-        # integers they hold exactly
-        limit = 2.0 ** 53 if dtypes.is_int(node.dtype) else 1.0 / torch.finfo(dtypes.to_torch(node.dtype)).eps
+        # exact in the result dtype: integers inside the type's range (no wrap-around, unsigned
+        # types included), floats within the integers they hold exactly
+        if dtypes.is_int(node.dtype):
+            info = torch.iinfo(dtypes.to_torch(node.dtype))
+            return (lo, hi) if info.min <= lo and hi <= info.max and max(abs(lo), abs(hi)) <= 2.0 ** 53 else None
+        limit = 1.0 / torch.finfo(dtypes.to_torch(node.dtype)).eps
         return (lo, hi) if max(abs(lo), abs(hi)) <= limit else None
     return None
 
