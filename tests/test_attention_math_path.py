@@ -248,3 +248,45 @@ def test_math_sdpa_with_repeated_kv_heads_reads_the_kv_heads() -> None:
     assert len(nodes) == 1, _kernels(compiled)
     assert nodes[0].attrs["enable_gqa"] and tuple(nodes[0].inputs[1].shape) == (2, 2, 24, 8)
     assert_close(out, ref, what="math sdpa, repeated kv heads")
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_bounds_rules_keep_random_index_expressions_exact(seed: int) -> None:
+    """Random comparisons of iota arithmetic (sums, differences, literal products, casts, views):
+    after simplify the reference gives the same bools, whether or not a rule decided them."""
+    import random
+
+    rng = random.Random(seed)
+    g = fg.Graph(f"bounds{seed}")
+    x = g.tensor((5, 7), name="x")
+
+    def leaf() -> fg.Tensor:
+        if rng.random() < 0.3:
+            return g.reshape(g.iota((7,), dim=0, dtype=rng.choice(["int32", "int64"])), 1, 7)
+        return g.iota((5, 1), dim=0, dtype=rng.choice(["int32", "int64", "float32"]))
+
+    def expr(depth: int) -> fg.Tensor:
+        if depth == 0 or rng.random() < 0.3:
+            return leaf()
+        a = expr(depth - 1)
+        kind = rng.choice(["add", "sub", "mul", "cast", "pair"])
+        if kind == "cast":
+            return g.cast(a, rng.choice(["int32", "int64", "float32", "float16"]))
+        if kind == "pair":
+            b = expr(depth - 1)
+            return g.add(a, b) if rng.random() < 0.5 else g.sub(a, b)
+        c = rng.choice([-3, -1, 0, 1, 2, 5, 40000, 2147483000])
+        return {"add": g.add, "sub": g.sub, "mul": g.mul}[kind](a, c)
+
+    conds = []
+    for _ in range(3):
+        op = rng.choice([g.ge, g.gt, g.le, g.lt, g.eq, g.ne])
+        conds.append(op(expr(3), rng.choice([-10, -1, 0, 3, 6, 100, 70000])))
+    out = x
+    for c in conds:
+        out = g.where(g.expand(c, 5, 7), out, g.neg(out))
+    out.set_output()
+    ir = g.to_ir()
+    simplified = simplify(ir)
+    feed = rand(5, 7)
+    assert torch.equal(fg.reference(simplified)(feed), fg.reference(ir)(feed))
