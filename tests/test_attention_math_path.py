@@ -22,6 +22,7 @@ import fusegraph as fg
 from conftest import assert_close, rand
 from fusegraph.ir import Graph as IRGraph
 from fusegraph.passes import simplify
+from test_gqa_match import GQAAttention
 
 
 class Encoder(nn.Module):
@@ -78,17 +79,22 @@ def _scores_sized(compiled: nn.Module, sq: int, sk: int) -> list[str]:
     return names
 
 
+def _under_math(model: nn.Module, *inputs: torch.Tensor) -> tuple[torch.Tensor, nn.Module, torch.Tensor]:
+    """(eager output, compiled model, its output), both on torch's math SDPA path."""
+    torch._dynamo.reset()
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        ref = model(*inputs)
+        compiled = fg.compile(model)
+        return ref, compiled, compiled(*inputs)
+
+
 @pytest.mark.parametrize("mask", ["arange", "none"])
 def test_math_sdpa_of_fp16_becomes_one_attention_op(mask: str) -> None:
     torch.manual_seed(0)
     seq = 80                                    # over fold's always-fold size: the iota is not a constant
     model = Encoder(mask).half().eval()
     x = rand(2, seq, 32, dtype=torch.float16)
-    torch._dynamo.reset()
-    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-        ref = model(x)
-        compiled = fg.compile(model)
-        out = compiled(x)
+    ref, compiled, out = _under_math(model, x)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1, _kernels(compiled)
     attn = nodes[0]
@@ -107,11 +113,7 @@ def test_math_sdpa_with_a_real_mask_keeps_it_and_zeroes_fully_masked_rows() -> N
     x = rand(2, 24, 32, dtype=torch.float16)
     keep = torch.rand(2, 1, 24, 24) > 0.3
     keep[:, :, 5, :] = False                   # query 5 sees no key
-    torch._dynamo.reset()
-    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-        ref = model(x, keep)
-        compiled = fg.compile(model)
-        out = compiled(x, keep)
+    ref, compiled, out = _under_math(model, x, keep)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1 and nodes[0].attrs["has_mask"]
     assert torch.isfinite(out).all() and torch.isfinite(ref).all()
@@ -211,39 +213,13 @@ def test_add_of_a_broadcast_cast_zero_is_removed_only_at_the_result_shape() -> N
     assert _ops(out)["add"] == 1
 
 
-class GQACausal(nn.Module):
-    """Hugging Face's Llama attention as traced: k/v repeated per query group (repeat_kv), a boolean
-    causal mask, SDPA (here forced onto its math path)."""
-
-    def __init__(self, d: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
-        self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * kv_heads * (d // heads))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q = self.q(x).view(b, s, self.heads, self.hd).transpose(1, 2)
-        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
-        groups = self.heads // self.kv_heads
-        k, v = (t[:, :, None].expand(b, self.kv_heads, groups, s, self.hd).reshape(b, self.heads, s, self.hd)
-                for t in (k, v))
-        idx = torch.arange(s, device=x.device)
-        causal = (idx[None, :] <= idx[:, None])[None, None].expand(b, 1, s, s)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
-        return out.transpose(1, 2).reshape(b, s, d)
-
-
 def test_math_sdpa_with_repeated_kv_heads_reads_the_kv_heads() -> None:
     """The repeated k/v reach the bmm as [B, Hk, G, S, D] views: the attention op takes them as
     [B, H, S, D] and gqa_match then reads the kv heads directly."""
     torch.manual_seed(3)
-    model = GQACausal().half().eval()
+    model = GQAAttention("repeat_kv", bool_mask=True).half().eval()
     x = rand(2, 24, 32, dtype=torch.float16)
-    torch._dynamo.reset()
-    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-        ref = model(x)
-        compiled = fg.compile(model)
-        out = compiled(x)
+    ref, compiled, out = _under_math(model, x)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1, _kernels(compiled)
     assert nodes[0].attrs["enable_gqa"] and tuple(nodes[0].inputs[1].shape) == (2, 2, 24, 8)

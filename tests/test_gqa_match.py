@@ -20,9 +20,13 @@ from llama_blocks import LlamaDecodeBlock, LlamaSize, repeat_kv
 
 
 class GQAAttention(nn.Module):
-    def __init__(self, repeat: str, d: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+    """Causal GQA attention; bool_mask: the causal mask as a boolean tensor built from aranges (what a
+    traced Hugging Face model passes) instead of is_causal."""
+
+    def __init__(self, repeat: str, d: int = 32, heads: int = 4, kv_heads: int = 2, bool_mask: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.hd, self.repeat = heads, kv_heads, d // heads, repeat
+        self.bool_mask = bool_mask
         self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * kv_heads * (d // heads))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +38,12 @@ class GQAAttention(nn.Module):
             k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         else:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.bool_mask:
+            idx = torch.arange(s, device=x.device)
+            causal = (idx[None, :] <= idx[:, None])[None, None].expand(b, 1, s, s)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out.transpose(1, 2).reshape(b, s, d)
 
 
