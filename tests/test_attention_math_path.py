@@ -137,6 +137,32 @@ def test_explicit_matmul_softmax_attention_through_torch_compile(dtype: torch.dt
     assert_close(out, ref, what=f"explicit attention {dtype}")
 
 
+@pytest.mark.parametrize("form", ["masked_fill", "where_keep"])
+def test_masked_fill_attention_becomes_a_boolean_mask(form: str) -> None:
+    """scores.masked_fill(~keep, -inf) (nanoGPT's manual path) and where(keep, scores, -inf): the
+    attention op takes `keep` as its boolean mask (negated back for masked_fill's form)."""
+    class Filled(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            s = q @ k.transpose(-1, -2) * 0.25
+            s = s.masked_fill(~keep, float("-inf")) if form == "masked_fill" else \
+                torch.where(keep, s, torch.tensor(float("-inf")))
+            return torch.softmax(s, dim=-1) @ v
+
+    torch.manual_seed(4)
+    q, k, v = (rand(2, 2, 24, 16, dtype=torch.float16) for _ in range(3))
+    keep = torch.rand(2, 1, 24, 24) > 0.4
+    keep[..., 0] = True                        # every query sees a key (eager's softmax is NaN otherwise)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = Filled()(q, k, v, keep)
+        compiled = fg.compile(Filled())
+        out = compiled(q, k, v, keep)
+    nodes = _attention_nodes(compiled)
+    assert len(nodes) == 1 and nodes[0].attrs["has_mask"] and nodes[0].inputs[3].dtype == "bool"
+    assert nodes[0].attrs["scale"] == pytest.approx(0.25)
+    assert_close(out, ref, what=form)
+
+
 def test_probabilities_used_elsewhere_are_not_rewritten() -> None:
     """Attention whose probabilities are also returned keeps its unfused form."""
     class Both(nn.Module):

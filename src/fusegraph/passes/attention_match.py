@@ -19,8 +19,11 @@ a Hugging Face encoder's boolean mask under torch.compile) on 16-bit q, k, v:
     S   = matmul(cast(q) * c, transpose(cast(k)) * c) (+ mask)       the scale split over q and k
 The rewritten node reads the 16-bit q, k, v: the fused kernel accumulates in fp32 as torch's
 flash / memory-efficient kernels do, without the fp32 copies of q, k, v and the [Sq, Sk] fp32
-scores. A row whose every score is -inf gives 0 in both. Not matched (left as is): masks applied
-with `where`/masked_fill, softmax over another dim, P used elsewhere (e.g. returned).
+scores. A row whose every score is -inf gives 0 in both.
+
+A boolean mask applied as masked_fill(S, ~keep, -inf) (where(~keep, -inf, S) or where(keep, S, -inf))
+becomes the op's boolean mask. Not matched (left as is): a mask filled with a finite value (finfo.min),
+softmax over another dim, P used elsewhere (e.g. returned).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class AttentionMatch:
     scale: float
     k_transposed: bool = False      # `k` holds k^T ([B, H, D, Sk]): the rewrite transposes it back
     shapes: tuple[tuple[int, ...], ...] = ()   # q, k, v viewed as these 4-D shapes where they differ
+    mask_negated: bool = False      # `mask` is True where keys are masked out: the rewrite negates it
 
 
 def _scalar(node: Node) -> float | None:
@@ -189,12 +193,26 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
     if guard_eq is not None and not only_softmax(scores):
         return None
     mask = None
+    mask_negated = False
     if scores.op == "add" and only_softmax(scores):
         a, b = scores.inputs
         for s, m in ((a, b), (b, a)):
             if s.op in ("mul", "div", "matmul", "reshape") and m.spec.rank >= 1 and dtypes.is_float(m.dtype):
                 scores, mask = s, m
                 break
+    elif scores.op == "where" and only_softmax(scores) and scores.inputs[0].dtype == "bool" and \
+            scores.inputs[0].spec.rank >= 1:
+        # masked_fill(scores, ~keep, -inf) = where(~keep, -inf, scores), or where(keep, scores, -inf):
+        # a boolean mask, True where a key takes part (SDPA's convention)
+        cond, a, b = scores.inputs
+        if broadcast_literal(a) == float("-inf") and b.shape == scores.shape:
+            scores, mask, mask_negated = b, cond, True
+        elif broadcast_literal(b) == float("-inf") and a.shape == scores.shape:
+            scores, mask = a, cond
+        else:
+            return None
+        if mask_negated and mask.op == "logical_not":
+            mask, mask_negated = mask.inputs[0], False
     elif guard_eq is None and not single(scores):
         return None
     scale = 1.0
@@ -239,7 +257,7 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
         if mask.spec.rank > 4 or any(m not in (1, f) for m, f in zip(reversed(mask.shape), reversed(full),
                                                                        strict=False)):
             return None
-    return AttentionMatch(q, k, v, mask, scale, k_transposed, (q_shape, k_shape, v_shape))
+    return AttentionMatch(q, k, v, mask, scale, k_transposed, (q_shape, k_shape, v_shape), mask_negated)
 
 
 @graph_pass("attention_match")
@@ -264,7 +282,8 @@ def attention_match(graph: Graph) -> Graph:
                 k = e.op("transpose", k, dim0=2, dim1=3)
             args = [q, k, v]
             if match.mask is not None:
-                args.append(mapping[match.mask.id])
+                mask = mapping[match.mask.id]
+                args.append(e.op("logical_not", mask) if match.mask_negated else mask)
             mapping[node.id] = e.op("scaled_dot_product_attention", *args, _name=node.name,
                                     has_mask=match.mask is not None,
                                     dropout_p=0.0, is_causal=False, scale=match.scale, enable_gqa=False,
