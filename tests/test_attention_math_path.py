@@ -215,11 +215,14 @@ def test_nan_literal_and_float_rounding_decide_nothing() -> None:
     b = g.ge(g.add(big, 70000.0), 0)                           # overflows float16: not bounded
     wide = g.iota((8,), dim=0, dtype="int32")
     c = g.ge(g.add(wide, 2147483645), 0)                       # wraps past int32's max: not bounded
-    for t in (a, b, c):
+    half = g.iota((1, 4), dim=0, dtype="float16")              # all 0
+    d = g.ge(g.add(half, 1000.0), 1000.2)                      # 1000.2 is 1000.0 in float16: true
+    for t in (a, b, c, d):
         t.set_output()
     ir = g.to_ir()
     out = simplify(ir)
-    assert [o.op for o in out.outputs] == ["ge", "ge", "ge"]
+    assert [o.op for o in out.outputs] == ["ge", "ge", "ge", "ge"]
+    assert bool(fg.reference(ir)()[3].all())
     assert not bool(fg.reference(ir)()[2].all())                # the wrapped element compares false
 
 

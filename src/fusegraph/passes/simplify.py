@@ -448,9 +448,20 @@ def value_range(node: Node, depth: int = 0) -> tuple[float, float] | None:
         if dtypes.is_int(node.dtype):
             info = torch.iinfo(dtypes.to_torch(node.dtype))
             return (lo, hi) if info.min <= lo and hi <= info.max and max(abs(lo), abs(hi)) <= 2.0 ** 53 else None
+        # floats: integers only (a fractional literal rounds in the result's dtype), within the
+        # integers the dtype holds exactly
+        exact = all(float(v).is_integer() for v in (*a, *b))
         limit = 1.0 / torch.finfo(dtypes.to_torch(node.dtype)).eps
-        return (lo, hi) if max(abs(lo), abs(hi)) <= limit else None
+        return (lo, hi) if exact and max(abs(lo), abs(hi)) <= limit else None
     return None
+
+
+def _exact_in(bounds: tuple[float, float], *dtype_names: str) -> bool:
+    """Both bounds are integers every float dtype named (and float32, where a Python scalar meets an
+    integer tensor) holds exactly, so the comparison sees these values, not roundings of them."""
+    floats = [d for d in (*dtype_names, "float32") if dtypes.is_float(d)]
+    limit = min(1.0 / torch.finfo(dtypes.to_torch(d)).eps for d in floats)
+    return all(float(v).is_integer() and abs(v) <= limit for v in bounds)
 
 
 _DECIDE = {
@@ -469,7 +480,7 @@ def _decided_compare(node: Node, x: Node, y: Node) -> Node | None:
     if literal_value(x) is not None and literal_value(y) is not None:
         return None        # two literals: constant folding's job
     a, b = value_range(x), value_range(y)
-    if a is None or b is None:
+    if a is None or b is None or not (_exact_in(a, x.dtype, y.dtype) and _exact_in(b, x.dtype, y.dtype)):
         return None
     decided = _DECIDE[node.op](a, b)
     return None if decided is None else full_like(node, decided)
