@@ -163,6 +163,40 @@ def test_masked_fill_attention_becomes_a_boolean_mask(form: str) -> None:
     assert_close(out, ref, what=form)
 
 
+def test_cross_attention_with_other_key_length_and_value_width() -> None:
+    """Queries over 8 positions attend to 24 keys whose values are 12 wide: Sq, Sk and Dv all differ."""
+    class Cross(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.3 + bias, dim=-1) @ v
+
+    torch.manual_seed(5)
+    q, k, v = rand(2, 3, 8, 16), rand(2, 3, 24, 16), rand(2, 3, 24, 12)
+    bias = rand(1, 3, 8, 24)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = Cross()(q, k, v, bias)
+        compiled = fg.compile(Cross())
+        out = compiled(q, k, v, bias)
+    nodes = _attention_nodes(compiled)
+    assert len(nodes) == 1 and nodes[0].attrs["has_mask"], _kernels(compiled)
+    assert [tuple(i.shape) for i in nodes[0].inputs] == [(2, 3, 8, 16), (2, 3, 24, 16), (2, 3, 24, 12), (1, 3, 8, 24)]
+    assert_close(out, ref, what="cross attention")
+
+
+def test_debug_output_names_each_rewritten_attention(capsys: pytest.CaptureFixture[str]) -> None:
+    from fusegraph.passes.attention_match import attention_match
+    from fusegraph.settings import override
+
+    g = fg.Graph("unfused")
+    q, k, v = (g.tensor((1, 2, 8, 16), name=n) for n in "qkv")
+    g.matmul(g.softmax(g.mul(g.matmul(q, g.transpose(k, 2, 3)), 0.25), dim=-1), v).set_output()
+    with override(debug=1):
+        out = attention_match(g.to_ir())
+    assert any(n.op == "scaled_dot_product_attention" for n in out.nodes)
+    printed = capsys.readouterr().out
+    assert "attention_match:" in printed and "q [1, 2, 8, 16] float32, scale 0.25, mask none" in printed, printed
+
+
 def test_probabilities_used_elsewhere_are_not_rewritten() -> None:
     """Attention whose probabilities are also returned keeps its unfused form."""
     class Both(nn.Module):

@@ -36,6 +36,7 @@ from ..ir import dtypes
 from ..ir.emit import Emitter
 from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
+from ..settings import settings
 from .base import graph_pass
 from .simplify import broadcast_literal, swaps_last_two
 
@@ -268,6 +269,13 @@ def attention_match(graph: Graph) -> Graph:
     matches = {n.id: m for n in graph.nodes if (m := match_attention(n, users, outputs)) is not None}
     if not matches:
         return graph
+    if settings.debug >= 1:
+        for node in graph.nodes:
+            if node.id in matches:
+                m = matches[node.id]
+                how = "none" if m.mask is None else f"{m.mask.dtype}{list(m.mask.shape)}"
+                print(f"[fusegraph] {graph.name}: attention_match: {node.name} -> one attention op "
+                      f"(q {list(m.shapes[0])} {m.q.dtype}, scale {m.scale:.6g}, mask {how})")
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
         if node.op == "input":
