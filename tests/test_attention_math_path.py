@@ -9,6 +9,7 @@ and the compiled model ran at 6.0 ms against eager's 4.9 (eager skips the mask a
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 
@@ -79,10 +80,11 @@ def _scores_sized(compiled: nn.Module, sq: int, sk: int) -> list[str]:
     return names
 
 
-def _under_math(model: nn.Module, *inputs: torch.Tensor) -> tuple[torch.Tensor, nn.Module, torch.Tensor]:
-    """(eager output, compiled model, its output), both on torch's math SDPA path."""
+def _run_both(model: nn.Module, *inputs: torch.Tensor, math_path: bool = False) -> \
+        tuple[torch.Tensor, nn.Module, torch.Tensor]:
+    """(eager output, compiled model, its output), inference; math_path: both on torch's math SDPA."""
     torch._dynamo.reset()
-    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+    with torch.no_grad(), (sdpa_kernel([SDPBackend.MATH]) if math_path else contextlib.nullcontext()):
         ref = model(*inputs)
         compiled = fg.compile(model)
         return ref, compiled, compiled(*inputs)
@@ -94,7 +96,7 @@ def test_math_sdpa_of_fp16_becomes_one_attention_op(mask: str) -> None:
     seq = 80                                    # over fold's always-fold size: the iota is not a constant
     model = Encoder(mask).half().eval()
     x = rand(2, seq, 32, dtype=torch.float16)
-    ref, compiled, out = _under_math(model, x)
+    ref, compiled, out = _run_both(model, x, math_path=True)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1, _kernels(compiled)
     attn = nodes[0]
@@ -113,7 +115,7 @@ def test_math_sdpa_with_a_real_mask_keeps_it_and_zeroes_fully_masked_rows() -> N
     x = rand(2, 24, 32, dtype=torch.float16)
     keep = torch.rand(2, 1, 24, 24) > 0.3
     keep[:, :, 5, :] = False                   # query 5 sees no key
-    ref, compiled, out = _under_math(model, x, keep)
+    ref, compiled, out = _run_both(model, x, keep, math_path=True)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1 and nodes[0].attrs["has_mask"]
     assert torch.isfinite(out).all() and torch.isfinite(ref).all()
@@ -127,11 +129,7 @@ def test_explicit_matmul_softmax_attention_through_torch_compile(dtype: torch.dt
     torch.manual_seed(2)
     model = Encoder("none", explicit=True, upcast=upcast).to(dtype).eval()
     x = rand(2, 40, 32, dtype=dtype)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        ref = model(x)
-        compiled = fg.compile(model)
-        out = compiled(x)
+    ref, compiled, out = _run_both(model, x)
     assert len(_attention_nodes(compiled)) == 1, _kernels(compiled)
     assert _scores_sized(compiled, 40, 40) == []
     assert_close(out, ref, what=f"explicit attention {dtype}")
@@ -152,11 +150,7 @@ def test_masked_fill_attention_becomes_a_boolean_mask(form: str) -> None:
     q, k, v = (rand(2, 2, 24, 16, dtype=torch.float16) for _ in range(3))
     keep = torch.rand(2, 1, 24, 24) > 0.4
     keep[..., 0] = True                        # every query sees a key (eager's softmax is NaN otherwise)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        ref = Filled()(q, k, v, keep)
-        compiled = fg.compile(Filled())
-        out = compiled(q, k, v, keep)
+    ref, compiled, out = _run_both(Filled(), q, k, v, keep)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1 and nodes[0].attrs["has_mask"] and nodes[0].inputs[3].dtype == "bool"
     assert nodes[0].attrs["scale"] == pytest.approx(0.25)
@@ -172,11 +166,7 @@ def test_cross_attention_with_other_key_length_and_value_width() -> None:
     torch.manual_seed(5)
     q, k, v = rand(2, 3, 8, 16), rand(2, 3, 24, 16), rand(2, 3, 24, 12)
     bias = rand(1, 3, 8, 24)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        ref = Cross()(q, k, v, bias)
-        compiled = fg.compile(Cross())
-        out = compiled(q, k, v, bias)
+    ref, compiled, out = _run_both(Cross(), q, k, v, bias)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1 and nodes[0].attrs["has_mask"], _kernels(compiled)
     assert [tuple(i.shape) for i in nodes[0].inputs] == [(2, 3, 8, 16), (2, 3, 24, 16), (2, 3, 24, 12), (1, 3, 8, 24)]
@@ -282,7 +272,7 @@ def test_math_sdpa_with_repeated_kv_heads_reads_the_kv_heads() -> None:
     torch.manual_seed(3)
     model = GQAAttention("repeat_kv", bool_mask=True).half().eval()
     x = rand(2, 24, 32, dtype=torch.float16)
-    ref, compiled, out = _under_math(model, x)
+    ref, compiled, out = _run_both(model, x, math_path=True)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1, _kernels(compiled)
     assert nodes[0].attrs["enable_gqa"] and tuple(nodes[0].inputs[1].shape) == (2, 2, 24, 8)
