@@ -159,17 +159,18 @@ def test_masked_fill_attention_becomes_a_boolean_mask(form: str) -> None:
 
 def test_cross_attention_with_other_key_length_and_value_width() -> None:
     """Queries over 8 positions attend to 24 keys whose values are 12 wide: Sq, Sk and Dv all differ."""
-    class Cross(nn.Module):
+    class Cross(nn.Module):       # the bias (a view of a 3-D tensor) is the add's first operand
         def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-            return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.3 + bias, dim=-1) @ v
+            return torch.softmax(bias.view(1, 3, 8, 24) + torch.matmul(q, k.transpose(-1, -2)) * 0.3, dim=-1) @ v
 
     torch.manual_seed(5)
     q, k, v = rand(2, 3, 8, 16), rand(2, 3, 24, 16), rand(2, 3, 24, 12)
-    bias = rand(1, 3, 8, 24)
+    bias = rand(3, 8, 24)
     ref, compiled, out = _run_both(Cross(), q, k, v, bias)
     nodes = _attention_nodes(compiled)
     assert len(nodes) == 1 and nodes[0].attrs["has_mask"], _kernels(compiled)
     assert [tuple(i.shape) for i in nodes[0].inputs] == [(2, 3, 8, 16), (2, 3, 24, 16), (2, 3, 24, 12), (1, 3, 8, 24)]
+    assert nodes[0].attrs["scale"] == pytest.approx(0.3)
     assert_close(out, ref, what="cross attention")
 
 

@@ -38,7 +38,7 @@ from ..ir.graph import Graph
 from ..ir.node import Attrs, Node
 from ..settings import settings
 from .base import graph_pass
-from .simplify import broadcast_literal, swaps_last_two
+from .simplify import broadcast_literal, is_literal_zero, swaps_last_two
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,6 @@ def _scalar(node: Node) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
     return None
-
-
-def literal_zero(node: Node) -> bool:
-    return broadcast_literal(node) == 0.0
 
 
 def _split_scale(node: Node) -> tuple[Node, float]:
@@ -169,7 +165,7 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
     if probs.op == "cast" and single(probs):
         probs = probs.inputs[0]
     guard_eq: Node | None = None
-    if probs.op == "where" and single(probs) and literal_zero(probs.inputs[1]):
+    if probs.op == "where" and single(probs) and is_literal_zero(probs.inputs[1]):
         # torch's _safe_softmax: where(row all -inf, 0, softmax(s)); our attention gives 0 there too
         soft = probs.inputs[2]
         if soft.op == "softmax" and single(soft):
@@ -195,10 +191,13 @@ def match_attention(out: Node, users: dict[int, list[Node]], outputs: frozenset[
         return None
     mask = None
     mask_negated = False
+    def is_qk(n: Node) -> bool:          # n is q @ k^T, scaled or not
+        return _matmul4(_split_scale(n)[0], single) is not None
+
     if scores.op == "add" and only_softmax(scores):
         a, b = scores.inputs
         for s, m in ((a, b), (b, a)):
-            if s.op in ("mul", "div", "matmul", "reshape") and m.spec.rank >= 1 and dtypes.is_float(m.dtype):
+            if is_qk(s) and m.spec.rank >= 1 and dtypes.is_float(m.dtype):
                 scores, mask = s, m
                 break
     elif scores.op == "where" and only_softmax(scores) and scores.inputs[0].dtype == "bool" and \

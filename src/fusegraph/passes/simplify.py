@@ -153,19 +153,25 @@ def same_type(a: Node, b: Node) -> bool:
         x.shape == y.shape and x.dtype == y.dtype for x, y in zip(a.specs, b.specs, strict=True))
 
 
-def zeros_like(node: Node) -> Node | None:
-    """An exact zero of node's shape and dtype that reads nothing: a scalar, broadcast by `expand`
-    when that op is registered (constant folding then makes small ones a constant)."""
-    zero = emitter_for(node).scalar(False if node.dtype == "bool" else 0, node.dtype)
+def full_like(node: Node, value: float | bool) -> Node | None:
+    """`value` in node's shape and dtype, reading nothing: a scalar, broadcast by `expand` when that
+    op is registered (constant folding then makes small ones a constant)."""
+    v = bool(value) if node.dtype == "bool" else value
+    scalar = emitter_for(node).scalar(v, node.dtype)
     if node.shape == ():
-        return zero
+        return scalar
     if registered("expand"):
-        return rebuild(node, "expand", [zero], shape=node.shape)
+        return rebuild(node, "expand", [scalar], shape=node.shape)
     if node.spec.numel > ZEROS_MAX_ELEMENTS:
         return None
-    value = torch.zeros(node.shape, dtype=dtypes.to_torch(node.dtype))
-    return Node(op="constant", inputs=(), attrs=Attrs(value=value),
+    filled = torch.full(node.shape, v, dtype=dtypes.to_torch(node.dtype))
+    return Node(op="constant", inputs=(), attrs=Attrs(value=filled),
                 specs=(node.spec.with_(layout=None, strides=None),), name=node.name, source=node.source)
+
+
+def zeros_like(node: Node) -> Node | None:
+    """An exact zero of node's shape and dtype that reads nothing (see full_like)."""
+    return full_like(node, 0)
 
 
 def lossless(src: str, dst: str) -> bool:
@@ -277,13 +283,6 @@ def _unary_between_reshapes(node: Node, mid: Node, inner: Node, x: Node) -> Node
     return rebuild(node, mid.op, [x], **dict(mid.attrs))
 
 
-def _is_zeros(node: Node) -> bool:
-    """A literal zero tensor: a 0 scalar or constant, or one broadcast by expand."""
-    if node.op == "expand":
-        node = node.inputs[0]
-    return literal_value(node) == 0.0
-
-
 def _add_into_index_put(node: Node, x: Node, y: Node) -> Node | None:
     """x + index_put(zeros, values, indices, accumulate=True) is index_put(x, values, indices,
     accumulate=True): the accumulation starts from x instead of from zeros. A tied embedding's weight
@@ -291,7 +290,7 @@ def _add_into_index_put(node: Node, x: Node, y: Node) -> Node | None:
     and no add pass over the table: a copy of x and the scatter. fp32/fp64 only (the sums are
     reassociated: x + (v1 + v2) becomes (x + v1) + v2, which a 16-bit table would round differently)."""
     for a, b in ((x, y), (y, x)):
-        if b.op == "index_put" and b.attrs.get("accumulate", False) and _is_zeros(b.inputs[0]) and \
+        if b.op == "index_put" and b.attrs.get("accumulate", False) and is_literal_zero(b.inputs[0]) and \
                 a.shape == b.shape and a.dtype == b.dtype == node.dtype in ("float32", "float64"):
             return rebuild(node, "index_put", [a, *b.inputs[1:]], **dict(b.attrs))
     return None
@@ -407,11 +406,9 @@ def broadcast_literal(node: Node) -> float | None:
     return float(t.item())
 
 
-def full_like(node: Node, value: float | bool) -> Node | None:
-    """`value` in node's shape and dtype, reading nothing: a scalar broadcast by expand."""
-    v = bool(value) if node.dtype == "bool" else value
-    scalar = emitter_for(node).scalar(v, node.dtype)
-    return scalar if node.shape == () else rebuild(node, "expand", [scalar], shape=node.shape)
+def is_literal_zero(node: Node) -> bool:
+    """Every element of `node` is a literal 0 (a scalar or constant, broadcast, reshaped or cast)."""
+    return broadcast_literal(node) == 0.0
 
 
 RANGE_DEPTH = 12
@@ -502,7 +499,7 @@ def _where_literal(node: Node, cond: Node, x: Node, y: Node) -> Node | None:
 def _add_broadcast_zero(node: Node, x: Node, z: Node) -> Node | None:
     """x + 0 where the zero is broadcast and/or cast (an all-true mask's additive form, 0 or -inf,
     after the condition was decided): x, when x already has the result's shape and dtype."""
-    if z.op in ("scalar", "constant") or broadcast_literal(z) != 0.0:
+    if z.op in ("scalar", "constant") or not is_literal_zero(z):
         return None
     return x if x.shape == node.shape and x.dtype == node.dtype else None
 
