@@ -3,8 +3,11 @@
 same dirs (warm: tuning choices and Triton binaries on disk), one of them under cProfile (by
 default the warm one, which that slows: `--profiled none` for unprofiled figures of both).
 
-    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50]
+    PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50|zoo:<model>]
                                                     [--profiled cold|warm|none] [--top 40]
+
+`zoo:<model>` compiles a model of bench/zoo_models.py (`python bench/zoo.py --list`) for inference in
+bfloat16 at its default batch, as `bench/zoo.py` does.
 
 Prints the wall seconds of each first call (compile included) and the profiled build's top functions
 by cumulative time; the full stats go to $OUT/<cold|warm>_compile_<workload>.prof when OUT is set.
@@ -37,6 +40,20 @@ def child(workload: str, profile_path: str | None) -> None:
 
         def first() -> None:
             step.loss_and_grads()
+    elif workload.startswith("zoo:"):
+        import zoo_models
+        from zoo import randomize_zero_weights
+        m = zoo_models.get(workload[4:])
+        zoo_model = m.build("full").eval()
+        randomize_zero_weights(zoo_model)
+        zoo_model = zoo_model.cuda().to(torch.bfloat16)
+        ex = m.example(None, torch.float32, "cuda", "full")
+        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in ex.inputs)
+        compiled_zoo = fg.compile(zoo_model)
+
+        def first() -> None:
+            with torch.no_grad():
+                compiled_zoo(*inputs)
     else:
         from zoo_models import ensure_torchvision_importable
         ensure_torchvision_importable()
@@ -96,7 +113,7 @@ def _choices(directory: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("gpt2_train", "resnet50"), default="gpt2_train")
+    parser.add_argument("--workload", default="gpt2_train", help="gpt2_train, resnet50 or zoo:<model>")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--profiled", choices=("cold", "warm", "none"), default="warm",
                         help="which of the two first calls runs under cProfile (which slows its Python-heavy "
@@ -114,7 +131,10 @@ def main() -> int:
         child(args.child, args.profile or None)
         return 0
     out = os.environ.get("OUT") or tempfile.mkdtemp()
-    prof = os.path.join(out, f"{args.profiled}_compile_{args.workload}.prof")
+    if not (args.workload in ("gpt2_train", "resnet50") or args.workload.startswith("zoo:")):
+        parser.error(f"--workload {args.workload!r}: gpt2_train, resnet50 or zoo:<model>")
+    tag = args.workload.replace("zoo:", "zoo_")
+    prof = os.path.join(out, f"{args.profiled}_compile_{tag}.prof")
     with tempfile.TemporaryDirectory() as root:
         env = dict(os.environ, FUSEGRAPH_CACHE_DIR=os.path.join(root, "fg"),
                    TRITON_CACHE_DIR=os.path.join(root, "triton"), TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "ind"))
@@ -131,13 +151,13 @@ def main() -> int:
             seconds = json.loads(lines[-1])["first_call_s"]
             print(f"{args.workload} {label}: first call {seconds:.2f} s", flush=True)
             if args.build_profile:
-                report = os.path.join(out, f"{label}_build_profile_{args.workload}.txt")
+                report = os.path.join(out, f"{label}_build_profile_{tag}.txt")
                 with open(report, "w") as f:
                     f.write(done.stderr)
                 print(f"  plan builds: {_summed_builds(done.stderr):.2f} s of it (the rest: tracing, "
                       f"partitioning, capture, first runs); reports in {report}", flush=True)
             if args.choices and label == "cold":
-                listing = os.path.join(out, f"choices_{args.workload}.txt")
+                listing = os.path.join(out, f"choices_{tag}.txt")
                 with open(listing, "w") as f:
                     f.write(_choices(os.path.join(root, "fg", "tune")))
                 print(f"  tuning choices in {listing}", flush=True)
