@@ -23,7 +23,9 @@ HEADER = re.compile(r"^(\S+)\s+\[M N K = (\d+) (\d+) (\d+)\]\s+(\d+) candidates"
 ROW = re.compile(r"^\s+(\S+)\s+(\{.*\})$")
 # pruned lists: how many of each kind to keep, in gemm_configs' order (cuBLAS always kept)
 POLICIES = {"all": (99, 99, 99, 99), "tiled 3, TMA 1, persistent 2": (3, 1, 2, 99),
-            "tiled 2, TMA 1, persistent 1": (2, 1, 1, 99), "tiled 2, TMA 2, persistent 2": (2, 2, 2, 99)}
+            "tiled 2, TMA 1, persistent 1": (2, 1, 1, 99), "tiled 2, TMA 2, persistent 2": (2, 2, 2, 99),
+            "tiled 3, TMA 0, persistent 2": (3, 0, 2, 99), "tiled 3, TMA 1, persistent 1": (3, 1, 1, 99),
+            "tiled 3, TMA 0, persistent 1": (3, 0, 1, 99), "tiled 2, TMA 0, persistent 2": (2, 0, 2, 99)}
 
 
 def kind(config: dict[str, Any]) -> str:

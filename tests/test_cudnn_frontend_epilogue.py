@@ -227,6 +227,9 @@ class _Graph:
     def relu(self, input: _T, name: str) -> _T:
         return self._op("relu", input, name=name)
 
+    def gelu(self, input: _T, name: str) -> _T:
+        return self._op("gelu", input, name=name)
+
     def validate(self) -> None:
         self.steps.append("validate")
         if _Graph.fail_direct and any(op == "mul" and name == "residual_scale" for op, name in self.ops):
@@ -275,7 +278,8 @@ class _Graph:
             if t.op == "conv_fprop":
                 return F.conv2d(a[0], a[1], stride=t.attrs["stride_"], padding=t.attrs["padding"],
                                 dilation=t.attrs["dilation"])
-            return {"mul": lambda: a[0] * a[1], "add": lambda: a[0] + a[1], "relu": lambda: F.relu(a[0])}[t.op]()
+            return {"mul": lambda: a[0] * a[1], "add": lambda: a[0] + a[1], "relu": lambda: F.relu(a[0]),
+                    "gelu": lambda: F.gelu(a[0])}[t.op]()
 
         assert self.output is not None
         bindings[self.output.uid].copy_(value(self.output))
@@ -585,3 +589,27 @@ def test_a_worker_that_built_nothing_is_checked_in_process(monkeypatch: pytest.M
     launch, group = _build_main()
     assert sorted(_Graph.plans_built) == [0, 1, 2] and launch.plan.graph.selected == 1
     _check_against_plain(launch, group, "built in-process after the worker built nothing")
+
+
+@pytest.mark.usefixtures("serialized_route")
+@pytest.mark.parametrize("activation", ["relu", "gelu", ""])
+def test_conv_bias_activation_takes_the_epilogue_route(in_process_workers: list[Any], activation: str) -> None:
+    """conv + bias (+ one activation) is served like any CNN epilogue: bias as a per-channel shift, its
+    plans prefetched in a build worker once per distinct problem, the fastest one timed and kept, and
+    checked against conv + our epilogue."""
+    from conftest import single_conv_group
+    from fusegraph.backends.conv_kernel import frontend_route, prefetch_library_plans
+
+    group = single_conv_group((2, 4, 6, 6), (8, 4, 3, 3), activation=activation)
+    assert frontend_route(group) == "epilogue"
+    epi = cce.classify(group.compute, group.epilogue_nodes, group.inputs)
+    want = "conv_fprop -> add(shift)" + (f" -> {activation}" if activation else "")
+    assert epi.describe() == want and epi.scale is None and [n.name for n in epi.leaves] == ["b"]
+    assert prefetch_library_plans(group, "cuda:0")
+    ((function, (recipes, _, _)),) = in_process_workers
+    assert function == "fusegraph.backends.cudnn_plans:build_serialized" and recipes[0].shift
+    assert not prefetch_library_plans(single_conv_group((2, 4, 6, 6), (8, 4, 3, 3), activation=activation),
+                                      "cuda:0")            # a second layer of the same problem: no second job
+    launch = cce.build(epi, group.inputs, group.outputs[0].spec.memory_strides, "float32", torch.device("cpu"), "k")
+    assert launch is not None and launch.plan.graph.selected == 1     # the fastest of the worker's plans
+    _check_against_plain(launch, group, f"conv + bias + {activation or 'nothing'}")

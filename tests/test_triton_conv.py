@@ -346,7 +346,7 @@ def test_the_tuner_is_offered_both_variants_for_the_resnet_stem(monkeypatch: pyt
     conv, _ = triton_conv.autotuned(stem, "cpu")
     variants = [c["VARIANT"] for c in offered["candidates"]]
     assert offered["name"] == triton_conv.KERNEL_NAME and offered["key"]["version"] == 4
-    assert variants.count("direct") >= 8 and variants.count("padded") >= 8 and variants[0] == "direct"
+    assert variants.count("direct") >= 8 and variants.count("padded") >= 4 and variants[0] == "direct"
     assert variants.count("s2d") >= 4                                       # the stride-2 stem regrouped
     assert conv.variant == "padded" and conv.padder is not None            # the tuner's pick is what runs
     geom = conv.padder.geom

@@ -238,16 +238,16 @@ def fg_conv2d_implicit_gemm(
 '''
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), best guess first; clamped to the problem.
-# The padded variant gets fewer (each candidate is a compile at build time): the direct variant's
-# H200 winners (256x64x64 w8 s3, 128x32x32 w4 s4, 128x64x16 w4 s4, 128x64x64 w4 s3) and neighbours.
-_PADDED_TILES = (
-    (128, 64, 32, 4, 3), (256, 64, 64, 8, 3), (256, 64, 32, 8, 3), (128, 64, 64, 4, 3), (128, 128, 32, 8, 3),
-    (128, 32, 32, 4, 4), (128, 64, 16, 4, 4), (64, 64, 32, 4, 4), (64, 32, 16, 2, 4),
-)
+# Each candidate is a compile at build time (about 1.8 s of a CPU under a busy compile pool), so the
+# lists keep the tiles that won or came within a few percent on the H200: the cold compiles of ConvNeXt-
+# nano's 4x4/4 patch embedding, MobileNetV3's stem and first narrow 1x1, and ResNet-50's 7x7/2 stem
+# (bench/warm_compile_gpu.py --workload zoo:<model> --choices, results/choices_zoo_*_20261202_1410.txt:
+# 26, 19, 17 and 24 candidates before). The padded variant won none of those (s2d beats it on the
+# strides s2d regroups); it keeps its earlier winners for the strides s2d does not take.
+_PADDED_TILES = ((128, 64, 32, 4, 3), (256, 64, 64, 8, 3), (256, 64, 32, 8, 3), (128, 64, 16, 4, 4))
 _TILES = (
     (128, 64, 32, 4, 3), (128, 64, 16, 4, 4), (256, 64, 32, 8, 3), (128, 128, 32, 8, 3),
-    (64, 64, 32, 4, 4), (128, 32, 32, 4, 4), (256, 128, 32, 8, 3), (64, 128, 32, 4, 4),
-    (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (64, 32, 16, 2, 4), (32, 32, 32, 2, 2),
+    (64, 64, 32, 4, 4), (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (64, 32, 16, 2, 4),
 )
 # the gemm variant (1x1 convolutions of any width): Hopper GEMM tiles; with C_IN <= 64 the K loop is
 # one step, so these are mostly store-bound streaming tiles
@@ -257,9 +257,7 @@ _GEMM_TILES = (
 )
 # the s2d variant: the direct gather over 16 to 64 contiguous channels (ResNet-50's stem regrouped:
 # 128x64x64 w4 s3 took 0.180 ms on the H200, bench/results/stem_conv_s2d_*)
-_S2D_TILES = (
-    (128, 64, 64, 4, 3), (256, 64, 64, 8, 3), (128, 64, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 3),
-)
+_S2D_TILES = ((128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 3), (128, 64, 32, 4, 4))
 GROUP_M = 8
 
 
