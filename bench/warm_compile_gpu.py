@@ -16,6 +16,7 @@ by cumulative time; the full stats go to $OUT/<cold|warm>_compile_<workload>.pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -24,7 +25,72 @@ import tempfile
 import time
 
 
-def child(workload: str, profile_path: str | None) -> None:
+class StackSampler:
+    """A wall-clock sampling profiler of every thread (cProfile sees only the thread it runs in, and
+    charges a C call with the time that thread then waits for the GIL): every `interval` seconds the
+    stacks of all threads are read (sys._current_frames) and each sample weighted by the time since the
+    previous one (a sample the GIL delayed counts for the whole delay). Main thread: seconds by function
+    on the stack (inclusive) and by innermost function; other threads: by innermost function."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        import threading
+        from collections import Counter
+
+        self.interval, self.main = interval, threading.main_thread().ident
+        self.inclusive: Counter[str] = Counter()
+        self.innermost: Counter[str] = Counter()
+        self.others: Counter[str] = Counter()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="stack-sampler")
+
+    @staticmethod
+    def _where(frame: object) -> str:
+        code = frame.f_code  # type: ignore[attr-defined]
+        parts = code.co_filename.split("/")
+        short = "/".join(parts[parts.index("site-packages") + 1:] if "site-packages" in parts else parts[-2:])
+        return f"{short}:{code.co_name}"
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self.stop.wait(self.interval):
+            now = time.perf_counter()
+            weight, last = now - last, now
+            for ident, frame in sys._current_frames().items():
+                if ident == self.thread.ident:
+                    continue
+                top = self._where(frame)
+                if ident != self.main:
+                    self.others[top] += weight
+                    continue
+                self.innermost[top] += weight
+                seen = set()
+                f = frame
+                while f is not None:
+                    where = self._where(f)
+                    if where not in seen:
+                        seen.add(where)
+                        self.inclusive[where] += weight
+                    f = f.f_back
+
+    def __enter__(self) -> StackSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def report(self, top: int = 45) -> str:
+        lines = ["main thread, seconds with the function on the stack:"]
+        lines += [f"  {s:8.2f}  {w}" for w, s in self.inclusive.most_common(top)]
+        lines.append("main thread, seconds as the innermost function:")
+        lines += [f"  {s:8.2f}  {w}" for w, s in self.innermost.most_common(top // 2)]
+        lines.append("other threads (summed over threads), seconds as the innermost function:")
+        lines += [f"  {s:8.2f}  {w}" for w, s in self.others.most_common(top // 2)]
+        return "\n".join(lines) + "\n"
+
+
+def child(workload: str, profile_path: str | None, sample_path: str | None = None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import targets_gpu as T
     import torch
@@ -70,10 +136,15 @@ def child(workload: str, profile_path: str | None) -> None:
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
+    sampler = StackSampler() if sample_path else None
     start = time.perf_counter()
-    first()
-    torch.cuda.synchronize()
+    with sampler or contextlib.nullcontext():
+        first()
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    if sampler is not None and sample_path:
+        with open(sample_path, "w") as f:
+            f.write(sampler.report())
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile_path)
@@ -124,11 +195,15 @@ def main() -> int:
     parser.add_argument("--choices", action="store_true",
                         help="after the cold run, list every tuning choice (candidates, winner, times) in "
                              "$OUT/choices_<workload>.txt")
+    parser.add_argument("--sample", choices=("cold", "warm", "both"), default=None,
+                        help="run that first call under a sampling profiler of all threads (wall time, GIL waits "
+                             "included): $OUT/<cold|warm>_sampled_<workload>.txt")
+    parser.add_argument("--sample-out", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", default="")
     parser.add_argument("--profile", default="")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.profile or None)
+        child(args.child, args.profile or None, args.sample_out or None)
         return 0
     out = os.environ.get("OUT") or tempfile.mkdtemp()
     if not (args.workload in ("gpt2_train", "resnet50") or args.workload.startswith("zoo:")):
@@ -142,6 +217,8 @@ def main() -> int:
             env["FUSEGRAPH_PROFILE_BUILD"] = "1"
         for label in ("cold", "warm"):
             extra = ["--profile", prof] if label == args.profiled else []
+            if args.sample in (label, "both"):
+                extra += ["--sample-out", os.path.join(out, f"{label}_sampled_{tag}.txt")]
             cmd = [sys.executable, os.path.abspath(__file__), "--child", args.workload, *extra]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
