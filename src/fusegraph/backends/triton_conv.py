@@ -392,6 +392,14 @@ def padded_k(problem: ConvProblem) -> int:
     return problem.w_shape[2] * padded_geometry(problem).k_row
 
 
+def padded_helps(problem: ConvProblem) -> bool:
+    """Is there anything for the padded variant to pad? Without spatial padding and with C_in a power
+    of two its buffer is x itself in the same order, and the variant is the direct one plus a copy
+    (MobileNetV3's 16-channel 1x1: all its padded candidates lost, results/choices_zoo_*_1410.txt)."""
+    c = problem.x_shape[1]
+    return tuple(problem.padding) != (0, 0) or c & (c - 1) != 0
+
+
 def s2d_unsupported(problem: ConvProblem) -> str | None:
     """Why the s2d variant does not apply (None when it does): it regroups a strided convolution's
     padded input into stride x stride blocks (space-to-depth), which makes it a stride-1
@@ -435,7 +443,9 @@ def configs(problem: ConvProblem) -> list[ConvConfig]:
     out: list[ConvConfig] = []
     variants: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
     if problem.x_shape[1] <= MAX_C_IN:
-        variants += [("direct", _TILES, problem.k), ("padded", _PADDED_TILES, padded_k(problem))]
+        variants.append(("direct", _TILES, problem.k))
+        if padded_helps(problem):
+            variants.append(("padded", _PADDED_TILES, padded_k(problem)))
     if problem.x_shape[1] <= MAX_C_IN and s2d_unsupported(problem) is None:
         variants.append(("s2d", _S2D_TILES, s2d_problem(problem).k))
     if gemm_unsupported(problem) is None:
