@@ -262,6 +262,10 @@ _register("stream_compiles", bool, lambda: False,
 _register("prebuild_launchers", bool, lambda: True,
           "After a parallel precompile, build the compiled kernels' C launchers (Triton's per-signature "
           "host stubs) in the same thread pool instead of one by one at each kernel's first launch.")
+_register("triton_lean_cache", bool, lambda: True,
+          "Write Triton's on-disk kernel cache with a temporary file beside each entry instead of a "
+          "temporary directory per file (tune/triton_cache.py): the same files, two file-system "
+          "operations fewer per file; not when TRITON_CACHE_MANAGER names another manager.")
 _register("build_gc_pause", bool, lambda: True,
           "Pause Python's cyclic garbage collector while a plan is built (a full collection with torch "
           "imported costs a few hundred milliseconds); reference counting still frees acyclic garbage.")

@@ -216,7 +216,8 @@ _warmup: threading.Thread | None = None
 
 
 def start_triton_warmup(device: str) -> None:
-    """Import Triton, start its CUDA driver (which builds or loads its cuda_utils C module) and hash
+    """Import Triton, make its disk cache the lean one (tune/triton_cache.py), start its CUDA driver
+    (which builds or loads its cuda_utils C module) and hash
     Triton's own files (its compile cache key) on a background thread, once per process, so that
     this overlaps the passes and the partitioner;
     `wait_for_triton_warmup` (load_triton_function calls it) joins it before Triton is used."""
@@ -238,6 +239,10 @@ def wait_for_triton_warmup() -> None:
 
 
 def _warm_triton() -> None:
+    with contextlib.suppress(Exception):
+        from .triton_cache import install
+
+        install()   # before any compile: Triton's cache written with fewer file-system operations
     try:
         from triton.runtime.driver import driver
 
