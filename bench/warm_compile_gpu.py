@@ -5,12 +5,17 @@ default the warm one, which that slows: `--profiled none` for unprofiled figures
 
     PYTHONPATH=src python bench/warm_compile_gpu.py [--workload gpt2_train|resnet50|zoo:<model>]
                                                     [--profiled cold|warm|none] [--top 40]
+                                                    [--build-profile] [--choices] [--sample cold|warm|both]
 
 `zoo:<model>` compiles a model of bench/zoo_models.py (`python bench/zoo.py --list`) for inference in
 bfloat16 at its default batch, as `bench/zoo.py` does.
 
 Prints the wall seconds of each first call (compile included) and the profiled build's top functions
 by cumulative time; the full stats go to $OUT/<cold|warm>_compile_<workload>.prof when OUT is set.
+`--sample` runs a first call under StackSampler, a wall-clock sampler of every thread (cProfile sees only
+its own thread): $OUT/<cold|warm>_sampled_<workload>.txt. The sampler takes the GIL every 5 ms, which
+slows a build on many threads (MobileNetV3: 29.3 s sampled against 21.7-22.3 s), so compare its seconds
+with each other, not with unsampled runs. Each run writes into $OUT, which must exist.
 """
 
 from __future__ import annotations
@@ -206,6 +211,7 @@ def main() -> int:
         child(args.child, args.profile or None, args.sample_out or None)
         return 0
     out = os.environ.get("OUT") or tempfile.mkdtemp()
+    os.makedirs(out, exist_ok=True)
     if not (args.workload in ("gpt2_train", "resnet50") or args.workload.startswith("zoo:")):
         parser.error(f"--workload {args.workload!r}: gpt2_train, resnet50 or zoo:<model>")
     tag = args.workload.replace("zoo:", "zoo_")
