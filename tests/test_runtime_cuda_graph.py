@@ -504,3 +504,26 @@ def test_values_baked_into_a_capture_are_refreshed_before_every_replay(
         x = rand(8, 16)
         assert_close(plan(x, w)[0], eager(x, w)[0])
     assert seen == [0, 1]                                         # before the first and the second replay
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_profiled_builds_report_where_the_first_calls_went(fake_cuda: None, profiled: bool,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Under FUSEGRAPH_PROFILE_BUILD the first call reports its kernel-by-kernel run and the capture's
+    warm-up and capture seconds (with the build profile, on stderr); without it, nothing."""
+    with override(profile_build=profiled):
+        plan, _ = block()
+        capsys.readouterr()
+        x, w = rand(8, 16), rand(16, 12)
+        plan(x, w)
+        plan(x, w)
+    err = capsys.readouterr().err
+    assert plan.cuda_graph_captured
+    lines = [ln for ln in err.splitlines() if ln.startswith("first calls of plan")]
+    if not profiled:
+        assert lines == []
+        return
+    (line,) = lines                                  # one report, after the capture
+    run_s = float(line.split("kernel-by-kernel run ")[1].split(" s")[0])
+    assert run_s > 0.0 and round(plan.cuda_graph.first_run_s, 3) == run_s
+    assert "; capture: side-stream warm-up 0.000 s, capture 0.000 s" in line   # the stand-in capture times nothing

@@ -174,7 +174,9 @@ _register("tune_early_stop", float, lambda: 1.5,
           "5.1 -> 4.8, the same winners but for a few within noise (bench/results/tune_early_stop_20261202_0905.txt).")
 _register("profile_build", bool, lambda: False,
           "Print where each build's time goes (stages, kernels, tuning, Triton compiles) to stderr; the "
-          "profile is also kept as plan.build_profile and shown by plan.explain().")
+          "profile is also kept as plan.build_profile and shown by plan.explain(). A captured plan's first "
+          "calls are reported too: the kernel-by-kernel run, the capture's side-stream warm-up and the capture "
+          "(each synchronized, so they cost the first call a few device waits).")
 _register("pad_gemm_dims", bool, lambda: True,
           "A large GEMM whose M, N or K is not 16-byte aligned (a 50257-token vocabulary) runs on operands "
           "zero-padded to an aligned size, its result sliced (passes/pad_dims.py): cuBLAS then runs its aligned "

@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 import warnings
 import weakref
@@ -235,6 +236,8 @@ class Captured:
     # first replay function is made, right after capture; a later one, made while a caller holds
     # outputs, checks against the same counts)
     use_counts: dict[int, int] = field(default_factory=dict)
+    # (side-stream warm-up, capture) wall seconds, measured under FUSEGRAPH_PROFILE_BUILD (else zeros)
+    seconds: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not self.input_ptrs:
@@ -315,16 +318,29 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
     current = torch.cuda.current_stream(device)
     side = capture_stream(device)
     side.wait_stream(current)
+    start = _profile_clock(device)
     with torch.cuda.stream(side):
         run_plain(static_inputs)
     current.wait_stream(side)
+    warmed = _profile_clock(device)
     graph = torch.cuda.CUDAGraph()
     pool = torch.cuda.graph_pool_handle()
     with recording_replay_hooks() as hooks, torch.cuda.graph(graph, pool=pool, stream=side):
         static_outputs = run_plain(static_inputs)
     current.wait_stream(side)
+    done = _profile_clock(device)
     return Captured(graph, list[torch.Tensor | None](static_inputs), list(static_outputs), pool, by_reference,
-                    hooks=tuple(hooks))
+                    hooks=tuple(hooks), seconds=(warmed - start, done - warmed))
+
+
+def _profile_clock(device: torch.device | None = None) -> float:
+    """time.perf_counter() after the device's work so far, when builds are profiled
+    (settings.profile_build: the first call's phases are reported with the build); 0.0 otherwise."""
+    if not settings.profile_build:
+        return 0.0
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def compile_replay(guard_lines: list[str], env: dict[str, Any], n_in: int, captured: Captured,
@@ -469,6 +485,7 @@ class GraphRunner:
         self.measured: tuple[float, float] | None = None   # (host s, GPU span s) of that call
         # reuse: the outputs a caller may keep past the next call (small ones cloned); None = all
         self.held_outputs = None if held_outputs is None else frozenset(held_outputs)
+        self.first_run_s = 0.0         # the first call's kernel-by-kernel run (FUSEGRAPH_PROFILE_BUILD only)
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
         """A call whose input read in place is not at its captured address: run kernel by kernel
@@ -510,14 +527,21 @@ class GraphRunner:
         return self.run_plain(inputs)
 
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
+        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
+        start = _profile_clock(device)
         outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
+        if settings.profile_build:
+            self.first_run_s = _profile_clock(device) - start
         if not self.matches(inputs) or stream_capturing():
+            self._report_first_call()
             return outs                 # inside the caller's own capture: its graph holds our launches
         if self.outputs == "reuse":
             self.install(self.second_call)
+            self._report_first_call()
             return outs
         if self.measure:
             self.install(self.measured_call)
+            self._report_first_call()
             return outs
         self.install(self.run_plain)    # whatever happens next, no second attempt
         self._capture(inputs, self.static_inputs)
@@ -565,6 +589,17 @@ class GraphRunner:
             captured.static_inputs[i] = None
         return replay(inputs)
 
+    def _report_first_call(self, capture_s: tuple[float, float] | None = None) -> None:
+        """Under FUSEGRAPH_PROFILE_BUILD, where the plan's first calls went, beside its build profile
+        (stderr): the kernel-by-kernel first run (first launches: cuDNN and cuBLAS plan setup, Triton
+        launchers, lazily built candidates), then the capture's side-stream warm-up and the capture."""
+        if not settings.profile_build:
+            return
+        line = f"first calls of plan {self.name}: kernel-by-kernel run {self.first_run_s:.3f} s"
+        if capture_s is not None:
+            line += f"; capture: side-stream warm-up {capture_s[0]:.3f} s, capture {capture_s[1]:.3f} s"
+        print(line, file=sys.stderr)
+
     def _replay(self) -> RunFn:
         """The generated per-call function of the captured graph (its source kept on replay_source)."""
         assert self.captured is not None
@@ -586,6 +621,8 @@ class GraphRunner:
             log(f"plan {self.name}: CUDA graph {note}\n{traceback.format_exc()}")
             return None
         self.install(replay)
+        if self.captured is not None:
+            self._report_first_call(self.captured.seconds)
         in_place = f", {len(self.static_inputs)} static input(s) read in place" if self.static_inputs else ""
         if self.chained_inputs:
             in_place += f", {len(self.chained_inputs)} input(s) read in place from another plan's captured outputs"
