@@ -95,7 +95,8 @@ class StackSampler:
         return "\n".join(lines) + "\n"
 
 
-def child(workload: str, profile_path: str | None, sample_path: str | None = None) -> None:
+def child(workload: str, profile_path: str | None, sample_path: str | None = None,
+          sample_interval: float = 0.005) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import targets_gpu as T
     import torch
@@ -141,7 +142,7 @@ def child(workload: str, profile_path: str | None, sample_path: str | None = Non
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
-    sampler = StackSampler() if sample_path else None
+    sampler = StackSampler(sample_interval) if sample_path else None
     start = time.perf_counter()
     with sampler or contextlib.nullcontext():
         first()
@@ -203,12 +204,14 @@ def main() -> int:
     parser.add_argument("--sample", choices=("cold", "warm", "both"), default=None,
                         help="run that first call under a sampling profiler of all threads (wall time, GIL waits "
                              "included): $OUT/<cold|warm>_sampled_<workload>.txt")
+    parser.add_argument("--sample-interval", type=float, default=0.005,
+                        help="seconds between samples (longer: less of the sampler's own GIL use, coarser figures)")
     parser.add_argument("--sample-out", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", default="")
     parser.add_argument("--profile", default="")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.profile or None, args.sample_out or None)
+        child(args.child, args.profile or None, args.sample_out or None, args.sample_interval)
         return 0
     out = os.environ.get("OUT") or tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
@@ -224,7 +227,8 @@ def main() -> int:
         for label in ("cold", "warm"):
             extra = ["--profile", prof] if label == args.profiled else []
             if args.sample in (label, "both"):
-                extra += ["--sample-out", os.path.join(out, f"{label}_sampled_{tag}.txt")]
+                extra += ["--sample-out", os.path.join(out, f"{label}_sampled_{tag}.txt"),
+                          "--sample-interval", str(args.sample_interval)]
             cmd = [sys.executable, os.path.abspath(__file__), "--child", args.workload, *extra]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
