@@ -3,7 +3,8 @@
 timed candidates in the order codegen/gemm_configs gives them for that shape, and reports, per kind
 (tiled, tiled TMA, persistent, split-K, cuBLAS) and position, how often it won; then, for pruned
 candidate lists (the first few of each kind), how many compiles they would save and how much slower
-the best kept candidate would be, summed over the file's GEMMs. No GPU needed.
+the best kept candidate would be, summed over the file's GEMMs; and a two-phase rule (cuBLAS and the first
+Triton candidate first, the rest only when that one comes within a gate of cuBLAS). No GPU needed.
 
     python bench/choices_ranks.py bench/results/choices_resnet50_<date>.txt [more files]
 """
@@ -103,6 +104,41 @@ def main() -> None:
         for name in POLICIES:
             slower = kept_total[name] / best_total if best_total else 1.0
             print(f"  keep {name:30s}: {compiles[name]:4d} Triton compiles, best kept / best = {slower:.4f}")
+        for gate in GATES:
+            saved, kept_ms = 0, 0.0
+            for (m, n, k), timed in gemms:
+                if not timed:
+                    continue
+                gated = _gated(m, n, k, timed, gate)
+                if gated is None:
+                    kept_ms += min(ms for ms, _ in timed)
+                    continue
+                saved += gated[0]
+                kept_ms += gated[1]
+            slower = kept_ms / best_total if best_total else 1.0
+            print(f"  gate: the rest only when the first tile is within {gate:.0%} of cuBLAS: "
+                  f"{saved:4d} Triton compiles saved, best kept / best = {slower:.4f}")
+
+
+# two-phase tuning, evaluated on the recorded times: time cuBLAS and the first Triton candidate (gemm_configs'
+# order) first; compile and time the others only when that one is within `gate` of cuBLAS (or faster)
+GATES = (0.05, 0.10, 0.20)
+
+
+def _gated(m: int, n: int, k: int, timed: list[tuple[float, dict[str, Any]]],
+           gate: float) -> tuple[int, float] | None:
+    """(Triton compiles saved, the time of the candidate kept) under the gate, or None when the GEMM has no
+    cuBLAS time or its first Triton candidate was not timed (the full search stands)."""
+    tma = any(c.get("USE_TMA") for _, c in timed)
+    order = [strip(c) for c in gemm_candidates(GemmGeometry((), m, n, k, (k, 1), (n, 1), (), ()), tma)]
+    by_text = {strip(c): ms for ms, c in timed if c.get("backend") != "cublas"}
+    cublas = [ms for ms, c in timed if c.get("backend") == "cublas"]
+    if not cublas or not order or order[0] not in by_text:
+        return None
+    first = by_text[order[0]]
+    if first <= cublas[0] * (1 + gate):
+        return 0, min(ms for ms, _ in timed)
+    return len(order) - 1, min(first, cublas[0])
 
 
 if __name__ == "__main__":
