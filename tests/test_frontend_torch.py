@@ -960,8 +960,12 @@ def test_channels_last_activations_cross_to_the_backward_without_copies(nhwc_sav
                    for g in compiled.fusegraph_report.graphs}
     forward_outputs = compiled.fusegraph_report.graphs[0].partitions[0].plan.graph.outputs
     channels_last = [o.name for o in forward_outputs if o.spec.rank == 4 and o.spec.layout == "NHWC"]
+    # the bf16 casts of the two 3x3 weights (saved for the data gradient too)
+    weights = [o for o in forward_outputs if o.op == "cast" and tuple(o.spec.shape[2:]) == (3, 3)]
     if nhwc_saved:   # forward: the input in, the output out; backward: the output and its gradient in
         assert conversions == {"forward": 2, "backward": 2}
         assert len(channels_last) >= 4, channels_last   # the convolutions' inputs and outputs, saved
+        # written KRSC by their cast kernel: no copy in either convolution call, nor in the backward's
+        assert len(weights) == 2 and all(w.spec.layout == "NHWC" for w in weights), [w.spec for w in weights]
     else:            # (here the layout pass then keeps the whole net row-major: the copies cost more)
         assert channels_last == []

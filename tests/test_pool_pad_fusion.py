@@ -217,3 +217,39 @@ def test_batchnorm_stays_in_the_pool_when_the_conv_result_is_an_output_too() -> 
     kernels = _launched(_plan_of(compiled))
     assert [k.kind for k in kernels] == ["convolution", "pointwise"], [k.name for k in kernels]
     assert {"rsqrt", "maximum"} <= _ops(kernels[1])
+
+
+@pytest.mark.parametrize("weight_is_output", [False, True])
+def test_a_computed_weight_is_written_krsc_by_its_own_kernel(weight_is_output: bool) -> None:
+    """autocast's half-precision cast of an fp32 parameter feeding an NHWC convolution: the cast kernel
+    writes the weight KRSC (channels-last), so the convolution call copies nothing; a cast the user also
+    gets back keeps its layout (and is converted in the call, as before)."""
+    from fusegraph.passes.decompose import decompose
+    from fusegraph.passes.layout import choose_layout
+
+    g = fg.Graph("w_cast", compute_dtype="float32")
+    x = g.tensor((2, 8, 6, 6), "float16", "x")
+    w32 = g.tensor((8, 8, 3, 3), "float32", "w32")
+    w = g.cast(w32, "float16", name="w")
+    g.relu(g.conv2d(x, w, padding=1)).set_output()
+    if weight_is_output:
+        w.set_output()
+    graph, decisions = choose_layout(decompose(g.to_ir()))
+    (decision,) = decisions
+    assert decision.layout == "NHWC"
+    cast = next(n for n in graph.nodes if n.op == "cast" and n.spec.rank == 4)
+    if weight_is_output:
+        assert decision.weights_written_nhwc == [] and decision.weights_converted_in_conv == ["w"]
+        assert cast.spec.layout != "NHWC"
+    else:
+        assert decision.weights_written_nhwc == ["w"] and decision.weights_converted_in_conv == []
+        assert cast.spec.layout == "NHWC" and cast.spec.memory_strides == (72, 1, 24, 8)
+        assert "weights their kernel writes KRSC: w" in str(decision)
+    plan = g.build()
+    xs, ws = rand(2, 8, 6, 6, dtype=torch.float16), rand(8, 8, 3, 3)
+    got = plan(xs, ws)
+    out = got[0] if weight_is_output else got
+    want = torch.relu(torch.nn.functional.conv2d(xs.float(), ws.half().float(), padding=1))
+    assert_close(out.float(), want, tol=2e-3)
+    if weight_is_output:
+        assert torch.equal(got[1], ws.half()) and got[1].is_contiguous()   # the user's value, row-major

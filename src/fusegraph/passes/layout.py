@@ -128,6 +128,9 @@ class LayoutDecision:
     # KCRS weights that are graph inputs (a model's parameters) with R*S > 1: the convolution call
     # re-lays each out as KRSC (a small copy per call; a channels_last model has none)
     weights_converted_in_conv: list[str] = field(default_factory=list)
+    # weights computed in the graph (autocast's cast of an fp32 parameter) that their own kernel writes
+    # KRSC instead: no copy in the convolution call (weights_written_nhwc)
+    weights_written_nhwc: list[str] = field(default_factory=list)
     boundary_bytes: int = 0                       # what the NHWC choice moves at the edges
     nchw_bytes: int = 0                           # the transposes NCHW tensor-core convolutions cost
     reason: str = ""
@@ -140,7 +143,8 @@ class LayoutDecision:
         return (f"{head}; copies in: {', '.join(self.entry_copies) or 'none'}; converted inside the conv "
                 f"call: {', '.join(self.converted_in_conv) or 'none'}; copies out: "
                 f"{', '.join(self.exit_copies) or 'none'}; weights re-laid out inside the conv call: "
-                f"{', '.join(self.weights_converted_in_conv) or 'none'}")
+                f"{', '.join(self.weights_converted_in_conv) or 'none'}; weights their kernel writes KRSC: "
+                f"{', '.join(self.weights_written_nhwc) or 'none'}")
 
 
 class _Regions:
@@ -261,7 +265,11 @@ def choose_layout(graph: Graph, mode: str = "auto", allow_tf32: bool = False,
         decisions.append(decision)
         if decision.layout == "NHWC":
             chosen |= {n.id for n in members[root]}
+    written = weights_written_nhwc(graph, chosen, users, outputs)
+    chosen |= {w.id for w in written}
     for d in decisions:
+        d.weights_written_nhwc = [w.name for w in written if w.name in d.weights_converted_in_conv]
+        d.weights_converted_in_conv = [n for n in d.weights_converted_in_conv if n not in d.weights_written_nhwc]
         if settings.debug >= 1:
             print(f"[fusegraph] {graph.name}: {d}")
     if not chosen:
@@ -299,6 +307,31 @@ def _decide(region: list[Node], convs: list[Node], users: dict[int, list[Node]],
     else:
         decision.reason = f"boundary copies would move {boundary} B > {nchw} B of transposes kept in NCHW"
     return decision
+
+
+def weights_written_nhwc(graph: Graph, chosen: set[int], users: dict[int, list[Node]],
+                         outputs: set[int]) -> list[Node]:
+    """Weights of NHWC convolutions that a generated kernel computes (autocast's bf16 cast of an fp32
+    parameter in a training forward) and that only NHWC convolutions read, as their weight: that
+    kernel writes them KRSC (channels-last) instead of KCRS, so the convolution call copies nothing.
+    Without this, each KxK weight was converted per call: ResNet-50's training step launched one copy
+    per 3x3 convolution in its forward (16, 64.6 us, results/profile_train_resnet50_20261201_2156.txt).
+    Not a weight the user gets back (`outputs`: outputs kept in their layout), a view (its layout
+    follows its input) or one read by anything else."""
+    out: list[Node] = []
+    seen: set[int] = set()
+    for conv in graph.nodes:
+        w = _conv_weight(conv) if conv.id in chosen else None
+        if w is None or w.id in seen or not _converted_weight(w) or w.op == "input" or w.id in outputs:
+            continue
+        seen.add(w.id)
+        if not get_op(w.op).has(POINTWISE) or get_op(w.op).has(VIEW):
+            continue
+        readers = users.get(w.id, [])
+        if readers and all(r.id in chosen and r.op in CONV_WEIGHT_OPERAND and r.inputs.count(w) == 1
+                           and r.inputs.index(w) == CONV_WEIGHT_OPERAND[r.op] for r in readers):
+            out.append(w)
+    return out
 
 
 def _conv_weight(conv: Node) -> Node | None:
