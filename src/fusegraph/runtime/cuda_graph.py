@@ -619,6 +619,7 @@ class GraphRunner:
             self.set_note(note)
             warnings.warn(f"fusegraph: plan {self.name}: CUDA-graph {note}", CudaGraphWarning, stacklevel=4)
             log(f"plan {self.name}: CUDA graph {note}\n{traceback.format_exc()}")
+            self._report_first_call()
             return None
         self.install(replay)
         if self.captured is not None:
