@@ -2,7 +2,7 @@
 
 For every case the graph is built and partitioned as fusegraph would, the GEMM's MatmulGroup (the
 matmul and its claimed epilogue) is generated, and the candidates the autotuner would be offered
-(backends/matmul_kernel._gemm_candidates: tiled, persistent, split-K) are compiled in parallel,
+(backends/matmul_kernel._gemm_candidates: tiled, persistent, stream-K, split-K) are compiled in parallel,
 checked against the cuBLAS candidate's result and timed, next to cuBLAS (torch.matmul + the
 epilogue as our generated pointwise kernel, exactly the library candidate) and a bare
 torch.matmul / addmm as the library floor. Prints TFLOP/s per candidate, the best of each kind and
@@ -16,6 +16,7 @@ and the fp8 quantize epilogue (bf16 8192x4096 @ 4096x4096, then scale, saturate,
 per-tensor amax; the amax is fused when the pipeline claims it).
 
     PYTHONPATH=src python bench/gemm_tune_gpu.py [--only gpt2,mlp1,mlp2,square,decode,fp8] [--max-s 240]
+        [--streamk-sweep]   # also stream-K on every persistent config, with other run lengths
     TRITON_INTERPRET=1 PYTHONPATH=src python bench/gemm_tune_gpu.py --cpu-smoke   # tiny shapes, fp16, CPU
 """
 
@@ -137,12 +138,42 @@ def inputs(group: MatmulGroup, device: str) -> list[torch.Tensor]:
     return out
 
 
+STREAMK_SWEEP = False
+
+
+def streamk_sweep(geo: Any, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """More stream-K candidates than the autotuner gets: every persistent config with the last wave
+    shared out, each with runs of the even spread (R x K iterations / programs), of sqrt(K iterations)
+    and of twice that, where these differ from the offered candidate."""
+    import math
+
+    out: list[dict[str, Any]] = []
+    for c in configs:
+        if c.get("VARIANT") != "persistent":
+            continue
+        programs = int(c["NUM_PROGRAMS"])
+        tiles = -(-geo.m // c["BLOCK_M"]) * -(-geo.n // c["BLOCK_N"])
+        tail = tiles % programs
+        if not tail:
+            continue
+        k_iters = -(-geo.k // c["BLOCK_K"])
+        even = -(-tail * k_iters // programs)
+        root = math.isqrt(k_iters - 1) + 1
+        for run in sorted({even, max(even, root), max(even, 2 * root), max(even, root // 2)}):
+            cand = dict(c, VARIANT="streamk", SK_TILES=tail, SK_ITERS=run)
+            if cand not in configs and cand not in out:
+                out.append(cand)
+    return out
+
+
 def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[str, Any]:
     start = time.perf_counter()
     group, _ = matmul_group(build, dt, label)
     name = f"bench_{label}"
     gen = generate_gemm(group, name)
     configs = _gemm_candidates(gen, device, group)
+    if STREAMK_SWEEP:
+        configs = configs + streamk_sweep(gen.geometry, configs)
     fn = load_triton_function(gen.source, gen.name)
     args = inputs(group, device)
     epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", device, {})
@@ -199,7 +230,11 @@ def main() -> int:
     parser.add_argument("--only", default="gpt2,mlp1,mlp2,square,decode,fp8")
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--max-s", type=float, default=240.0, help="skip remaining cases after this many seconds")
+    parser.add_argument("--streamk-sweep", action="store_true",
+                        help="also time stream-K on every persistent config, with other run lengths")
     opts = parser.parse_args()
+    global STREAMK_SWEEP
+    STREAMK_SWEEP = opts.streamk_sweep
     device = "cpu" if opts.cpu_smoke else "cuda"
     dt = "float16" if opts.cpu_smoke else "bfloat16"
     t0 = time.perf_counter()
@@ -244,6 +279,7 @@ def _print(res: dict[str, Any]) -> None:
             tile = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}"
             tile += f" w{c.get('num_warps')} s{c.get('num_stages')}"
             tile += (" tma" if c.get("USE_TMA") else "") + (f" splits={c['SPLITS']}" if "SPLITS" in c else "")
+            tile += f" sk={c['SK_TILES']}x{c['SK_ITERS']}" if "SK_TILES" in c else ""
         perf = f"{r['tflops']:8.1f} TFLOP/s {r['ms'] * 1e3:9.1f} us" if "ms" in r else f"ERROR {r['error'][:120]}"
         print(f"  {r['variant']:<20} {tile:<36} {perf}")
     best = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in res["best"].items())

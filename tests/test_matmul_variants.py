@@ -19,6 +19,7 @@ from fusegraph.codegen.matmul import (
     generate_gemm,
     persistent_configs,
     split_k_configs,
+    streamk_configs,
 )
 from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
 from fusegraph.fusion.partition import partition_graph
@@ -102,6 +103,59 @@ def test_persistent_launch_grid_is_capped_at_the_programs() -> None:
     assert grid == (132, 1) and consts["NUM_PROGRAMS"] == 132 and consts["USE_TMA"] and consts["FLATTEN"]
     assert [c["FLATTEN"] for c in persistent_configs(geo, sms=132)] == [True, True]
     assert not consts["WARP_SPECIALIZE"]                          # Hopper: Triton 3.6 has no warp specialization
+
+
+# ---- stream-K -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_streamk_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) -> None:
+    """3 x 5 tiles of 16x16 over 4 programs: 12 tiles persistent, the last 3 stream-K. K = 200 is 7
+    blocks of 32 (the last ragged); runs of 6 iterations cut the 21 tail iterations into 4 runs that
+    cross tiles (program 1 ends tile 0 and starts tile 1), so every tail tile sums 2 partials."""
+    g, y, feeds = _mlp_graph(40, 72, 200, dtype=dtype)
+    config = {"VARIANT": "streamk", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "NUM_PROGRAMS": 4,
+              "FLATTEN": True, "USE_TMA": tma, "SK_TILES": 3, "SK_ITERS": 6, "num_warps": 4, "num_stages": 3}
+    gen = generate_gemm(_group(g), f"streamk_{int(tma)}_{dtype}")
+    by_name = {h.name: t for h, t in feeds.items()}
+    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
+    args = [by_name[n.name] for n in gen.inputs]
+    (got,) = launch(args)
+    assert_close(got, fg.reference(g).execute(feeds)[y], what=f"stream-K tma={tma} {dtype}")
+    assert launch.sk_count is not None and not launch.sk_count.any()     # counters reset for the next launch
+    (again,) = launch(args)
+    assert torch.equal(got, again)                                        # partials summed in program order
+
+
+def test_streamk_source_shares_the_tail_tiles_by_k() -> None:
+    g, _, _ = _mlp_graph(40, 64, 48)
+    gen = generate_gemm(_group(g), "streamk_source")
+    names, source = gen.variants["streamk"]
+    assert names == ("streamk_source_streamk",)
+    assert "ws, sk_count, BLOCK_M: tl.constexpr" in source
+    assert "SK_TILES: tl.constexpr, SK_ITERS: tl.constexpr" in source
+    assert source.count("while it < it_end:") == 2                       # TMA and pointer paths
+    tail = source.split("while it < it_end:")[1]
+    assert "tl.atomic_add(sk_count + t, 1" in tail and "tl.atomic_xchg(sk_count + t, 0)" in tail
+    assert "tl.sigmoid" in tail                                            # the epilogue runs once per tail tile
+    bmm = fg.Graph(name="bmm_streamk", compute_dtype="float32")       # a batched B: no folding into M
+    bmm.matmul(bmm.tensor((2, 40, 48), dtype="float16", name="x"),
+               bmm.tensor((2, 48, 64), dtype="float16", name="w")).set_output()
+    assert "streamk" not in generate_gemm(_group(bmm), "batched").variants
+
+
+def test_streamk_candidates_only_where_the_last_wave_idles() -> None:
+    # gelu_mlp: 4096 tiles of 128x256 over 132 SMs leave 4 for a 32nd wave; 1024 leave 100 for the 8th
+    (up,) = streamk_configs(_geometry(8192, 16384, 4096), tma=True, sms=132)
+    assert (up["BLOCK_M"], up["BLOCK_N"], up["SK_TILES"], up["NUM_PROGRAMS"]) == (128, 256, 4, 132)
+    assert up["SK_ITERS"] == 8                                             # sqrt(64 K iterations): 8 partials a tile
+    (down,) = streamk_configs(_geometry(8192, 4096, 16384), tma=True, sms=132)
+    assert (down["SK_TILES"], down["SK_ITERS"]) == (100, 194)              # 100 x 256 iterations over 132
+    grid, consts, _, _ = gemm_launch_parameters(_geometry(8192, 4096, 16384), down)
+    assert grid == (132, 1) and consts["SK_TILES"] == 100 and consts["SK_ITERS"] == 194
+    assert streamk_configs(_geometry(132 * 128, 256, 4096), sms=132) == []  # whole waves: nothing idles
+    assert streamk_configs(_geometry(8192, 16384, 4096, batch=(2,)), sms=132) == []
+    assert "streamk" in _variants(gemm_candidates(_geometry(8192, 4096, 16384), tma=True))
 
 
 # ---- split-K ------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The Kernel of a MatmulGroup: candidates are the generated Triton GEMM (tiled, persistent and
-split-K kernels, one candidate per config: codegen/gemm_configs.gemm_candidates) and cuBLAS
+"""The Kernel of a MatmulGroup: candidates are the generated Triton GEMM (tiled, persistent, stream-K
+and split-K kernels, one candidate per config: codegen/gemm_configs.gemm_candidates) and cuBLAS
 (torch.matmul + the epilogue, and any claimed amax, as further launches); the autotuner picks per
 shape on a GPU. Without timing, the first candidate wins: the tiled fused Triton GEMM when it
-covers the group (build option gemm_variant="persistent"|"splitk"|"tiled" keeps only that kind).
+covers the group (build option gemm_variant="persistent"|"streamk"|"splitk"|"tiled" keeps only
+that kind).
 
 Build time: gemm_configs keeps few candidates (by the cost model and the shape), a launch-bound
 GEMM (floor under settings.tune_min_floor_us) is not timed (but one whose floor is above
@@ -29,6 +30,7 @@ from ..codegen.matmul import (
     gemv_configs,
     generate_gemm,
     split_k_finish_grid,
+    streamk_workspace,
 )
 from ..errors import SettingsError
 from ..fusion.epilogue import MatmulGroup
@@ -51,8 +53,9 @@ def matmul_group_cost(group: MatmulGroup) -> Cost:
 
 class GemmLaunch:
     """Allocate the outputs and launch the generated GEMM with one config: the tiled kernel (`fn`),
-    or the config's VARIANT ("persistent"; "splitk": partials into an fp32 workspace, then the
-    reduction + epilogue kernel), loaded from `gen`'s variant source."""
+    or the config's VARIANT ("persistent"; "streamk": persistent, the last wave's tiles shared out by
+    K through an fp32 workspace and per-tile counters; "splitk": partials into an fp32 workspace, then
+    the reduction + epilogue kernel), loaded from `gen`'s variant source."""
 
     def __init__(self, fn: Any, gen: GeneratedGemm, config: dict[str, Any], device: str) -> None:
         self.variant = str(config.get("VARIANT", "tiled"))
@@ -72,6 +75,11 @@ class GemmLaunch:
             self.finish_constexprs.update(pdl_consts)
             self.workspace = int(config["SPLITS"]) * max(1, geo.batch_numel) * geo.m * geo.n
 
+        self.sk_count: torch.Tensor | None = None   # stream-K's counters (allocated at the first launch)
+        self.sk_tiles = int(config.get("SK_TILES", 0)) if self.variant == "streamk" else 0
+        if self.sk_tiles:
+            self.workspace = streamk_workspace(config)
+
         self.uses_tma = bool(self.constexprs.get("USE_TMA", False))
         if self.uses_tma and self.device.type == "cuda":
             _set_tma_allocator()
@@ -90,7 +98,7 @@ class GemmLaunch:
     def warmup_jobs(self, args: Sequence[torch.Tensor]) -> list[Any]:
         """Calls that make Triton compile this config's kernels without launching them (tune/precompile.py)."""
         def job() -> Any:
-            return self.fn.warmup(*args, *self._outputs(), grid=self.grid, **self.constexprs,
+            return self.fn.warmup(*args, *self._outputs(), *self._streamk_args(), grid=self.grid, **self.constexprs,
                                   num_warps=self.num_warps, num_stages=self.num_stages, **self.launch_options)
 
         if self.variant != "splitk":
@@ -106,6 +114,16 @@ class GemmLaunch:
                                       num_warps=4, **self.launch_options)
 
         return [partial, finish]
+
+    def _streamk_args(self) -> list[torch.Tensor]:
+        """A stream-K launch's workspace (fresh: the partials live within one launch) and its tail
+        tiles' arrival counters: zero between launches (the last arrival at a tile resets its own), so
+        a GemmLaunch runs one launch at a time."""
+        if not self.sk_tiles:
+            return []
+        if self.sk_count is None:
+            self.sk_count = torch.zeros(self.sk_tiles, dtype=torch.int32, device=self.device)
+        return [torch.empty(self.workspace, dtype=torch.float32, device=self.device), self.sk_count]
 
     def warmup_job(self, args: Sequence[torch.Tensor]) -> Any:
         return self.warmup_jobs(args)[0]
@@ -125,8 +143,8 @@ class GemmLaunch:
                 consts = dict(consts, USE_TMA=False)
             elif self.device.type == "cuda":
                 _set_tma_allocator()                   # this thread's (Triton's allocator is per thread)
-        self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages,
-                           **self.launch_options)
+        self.fn[self.grid](*args, *outs, *self._streamk_args(), **consts, num_warps=self.num_warps,
+                           num_stages=self.num_stages, **self.launch_options)
         return self._finish(outs)
 
 
@@ -182,8 +200,8 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
                    library: Any, reference_launch: Any, variant: str | None = None,
                    own: cublas.OwnEpilogue | None = None, split: cublas.BiasFirst | None = None) -> Kernel:
-    """`variant` (build option gemm_variant: "tiled", "persistent", "splitk" or "gemv"): only that kind's
-    candidates (and cuBLAS) are considered; none of that kind: the usual candidates. Without one, a
+    """`variant` (build option gemm_variant: "tiled", "persistent", "streamk", "splitk" or "gemv"): only
+    that kind's candidates (and cuBLAS) are considered; none of that kind: the usual candidates. Without one, a
     GEMM the GEMV kernel covers takes it by rule (`_gemv_rule`). `own`: the epilogue cuBLAS computes
     itself (the library candidate is one launch); `split`: its bias, the rest a second launch."""
     identity = not group.epilogue_nodes or own is not None

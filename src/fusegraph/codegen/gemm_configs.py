@@ -44,6 +44,9 @@ SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill t
 LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 1 TMA + cuBLAS: 5)
 LARGE_PROBLEM_TMA = 1
 PERSISTENT_CANDIDATES = 2   # persistent candidates of a problem with more than one wave of tiles
+STREAMK_MIN_IDLE = 0.02     # stream-K is a candidate when the persistent kernel's last wave idles >= this
+                            # share of its SM time (tiles not a multiple of the programs) ...
+STREAMK_CANDIDATES = 1      # ... built on this many of the best persistent configs
 SPLIT_K_MAX_M = 64          # split-K is a candidate for M <= this ...
 SPLIT_K_MIN_K = 512         # ... and K >= this (decode: M = batch, K = hidden)
 SPLIT_K_CANDIDATES = 3
@@ -169,6 +172,39 @@ def persistent_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = 
     return out[:PERSISTENT_CANDIDATES]
 
 
+def streamk_configs(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
+                    store_itemsize: int = 0) -> list[dict[str, Any]]:
+    """Stream-K candidates (VARIANT "streamk"; matmul.py write_persistent): the best persistent
+    configs with their partial last wave shared out by K. With T tiles over P programs, the last
+    R = T % P tiles would run as a wave that leaves P - R SMs idle; stream-K instead gives each
+    program a run of SK_ITERS of those tiles' K iterations. A tile cut into s runs costs s fp32
+    partials that its last program reads back, about as long as s K iterations, so a run is at
+    least sqrt(K iterations) long (the sum of the two is then smallest), else R x K iterations
+    spread evenly. Only when the idle share (P - R) / (P x waves) is at least STREAMK_MIN_IDLE, and
+    for one batch entry."""
+    if geometry.batch:
+        return []
+    out = []
+    for c in persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize):
+        programs = int(c["NUM_PROGRAMS"])
+        tiles = _cdiv(geometry.m, c["BLOCK_M"]) * _cdiv(geometry.n, c["BLOCK_N"])
+        tail = tiles % programs
+        if not tail or (programs - tail) / (programs * _cdiv(tiles, programs)) < STREAMK_MIN_IDLE:
+            continue
+        k_iters = _cdiv(geometry.k, c["BLOCK_K"])
+        run = max(_cdiv(tail * k_iters, programs), math.isqrt(k_iters - 1) + 1)
+        out.append(dict(c, VARIANT="streamk", SK_TILES=tail, SK_ITERS=run))
+        if len(out) == STREAMK_CANDIDATES:
+            break
+    return out
+
+
+def streamk_workspace(config: dict[str, Any]) -> int:
+    """fp32 elements of a stream-K config's partials: one BLOCK_M x BLOCK_N slot per (program, tail
+    tile) run, numbered program + tile (at most NUM_PROGRAMS + SK_TILES - 1 of them)."""
+    return (int(config["NUM_PROGRAMS"]) + int(config["SK_TILES"])) * int(config["BLOCK_M"]) * int(config["BLOCK_N"])
+
+
 def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2) -> list[dict[str, Any]]:
     """Split-K candidates (VARIANT "splitk") for skinny problems (M <= SPLIT_K_MAX_M, K >=
     SPLIT_K_MIN_K): SPLITS chunks of K (each a multiple of BLOCK_K) so that tiles x splits is about
@@ -198,11 +234,12 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
                     warp_specialize: bool = False, store_itemsize: int = 0) -> list[dict[str, Any]]:
-    """Every generated-kernel candidate of a GEMM: tiled, then persistent, then split-K.
+    """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K, then split-K.
     `store_itemsize`: bytes per element of the outputs the TMA path stores through descriptors."""
     return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
             + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
                                  store_itemsize=store_itemsize)
+            + streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
             + split_k_configs(geometry, sms=sms, itemsize=itemsize))
 
 
@@ -257,10 +294,12 @@ def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tu
     variant = config.get("VARIANT", "tiled")
     consts: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
                               "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
-    if variant == "persistent":
+    if variant in ("persistent", "streamk"):
         programs = min(int(config["NUM_PROGRAMS"]), tiles)
         consts.update(NUM_PROGRAMS=programs, FLATTEN=bool(config.get("FLATTEN", True)),
                       WARP_SPECIALIZE=bool(config.get("WARP_SPECIALIZE", False)))
+        if variant == "streamk":
+            consts.update(SK_TILES=int(config["SK_TILES"]), SK_ITERS=int(config["SK_ITERS"]))
         grid: tuple[int, ...] = (programs, batch)
     elif variant == "gemv":
         for name in ("USE_TMA", "GROUP_M"):

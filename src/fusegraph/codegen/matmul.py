@@ -40,6 +40,8 @@ from .gemm_configs import (  # noqa: F401
     small_problem,
     split_k_configs,
     split_k_finish_grid,
+    streamk_configs,
+    streamk_workspace,
     tile_cost,
 )
 from .triton_gen import HEADER, TL_DTYPE, _Writer, jit_head
@@ -171,6 +173,9 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
         "splitk": ((partial, finish), HEADER + _GemmWriter(group, partial).write_split_partial() + "\n\n"
                    + _GemmWriter(group, finish).write_split_finish()),
     }
+    if not tiled.geo.batch:   # stream-K shares the last wave's tiles out over the programs of one batch entry
+        variants["streamk"] = ((f"{name}_streamk",),
+                               HEADER + _GemmWriter(group, f"{name}_streamk").write_persistent(streamk=True))
     if gemv_covers(tiled.geo):
         variants["gemv"] = ((f"{name}_gemv",), HEADER + _GemmWriter(group, f"{name}_gemv").write_gemv())
     atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
@@ -430,16 +435,27 @@ class _GemmWriter(_Writer):
         self.tma_mode = ""
         return self._source(self._head(self._pointers(), TILE_CONSTS))
 
-    def write_persistent(self) -> str:
+    def write_persistent(self, streamk: bool = False) -> str:
         """NUM_PROGRAMS programs a batch entry, each looping over tiles start, start + NUM_PROGRAMS,
         ... in grouped order: no tail of short-lived programs, and the next tile's loads can overlap
         this tile's epilogue (FLATTEN lets Triton pipeline across the tile loop). The epilogue's tile
         indices come from a second counter (`tile_c`), as Triton's persistent tutorial does to keep
-        the pipeliner from carrying one value across both ends of the loop."""
+        the pipeliner from carrying one value across both ends of the loop.
+
+        `streamk` (VARIANT "streamk", no batch): the last SK_TILES tiles (the partial last wave, which
+        would leave most SMs idle) are shared out by K instead (stream-K): their K iterations, laid
+        end to end, are cut into runs of SK_ITERS, one run a program, so every program ends at about
+        the same time. A run covering part of a tile stores its fp32 partial product in a workspace
+        slot (the slot of program p's part of tail tile t is p + t: runs are ordered in both), then
+        counts itself on the tile's counter; the program that arrives last sums the tile's partials in
+        program order (the same result every run), runs the epilogue and resets the counter to zero
+        for the next launch."""
         e = self.emit
         self._grid_shape()
         e("start = tl.program_id(0)")
         e("num_tiles = num_pid_m * num_pid_n")
+        if streamk:
+            e("num_tiles = num_tiles - SK_TILES")
         self._batch_setup(1)
         e("rk = tl.arange(0, BLOCK_K)")
         paths = [True, False] if self.tma is not None else [False]
@@ -461,8 +477,45 @@ class _GemmWriter(_Writer):
             self.tma_mode = "direct" if tma else ""
             self._epilogue(indent + 1, flatten=True)
             self.tma_mode = ""
+            if streamk:
+                self._streamk_tail(indent, tma)
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
+        if streamk:
+            return self._source(self._head([*self._pointers(workspace=True), "sk_count"],
+                                           [*consts, "SK_TILES", "SK_ITERS"]))
         return self._source(self._head(self._pointers(), consts))
+
+    def _streamk_tail(self, indent: int, tma: bool) -> None:
+        """The stream-K part of write_persistent: this program's run of SK_ITERS K iterations over the
+        tail tiles (at most two tiles: a run is shorter than one tile's K loop)."""
+        e = self.emit
+        e("k_iters = tl.cdiv(K, BLOCK_K)", indent)
+        e("it = start * SK_ITERS", indent)
+        e("it_end = min(it + SK_ITERS, SK_TILES * k_iters)", indent)
+        e("while it < it_end:", indent)
+        i = indent + 1
+        e("t = it // k_iters", i)
+        e("k_first = it - t * k_iters", i)
+        e("k_last = min(k_iters, k_first + (it_end - it))", i)
+        self._tile_of("(num_tiles + t)", i)
+        self._mainloop(i, tma=tma, k_lo="k_first * BLOCK_K", k_hi="k_last * BLOCK_K")
+        e("slot_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]", i)
+        e("tl.store(ws + (start + t) * (BLOCK_M * BLOCK_N) + slot_offs, acc)", i)
+        e("tl.debug_barrier()   # every thread's partial is stored before the count says so", i)
+        e("arrived = tl.atomic_add(sk_count + t, 1, sem=\"acq_rel\", scope=\"gpu\")", i)
+        e("p_lo = (t * k_iters) // SK_ITERS", i)
+        e("p_hi = ((t + 1) * k_iters - 1) // SK_ITERS", i)
+        e("if arrived == p_hi - p_lo:   # the last of the tile's runs: sum them in program order", i)
+        j = i + 1
+        e("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", j)
+        e("for p in range(p_lo, p_hi + 1):", j)
+        e("acc += tl.load(ws + (p + t) * (BLOCK_M * BLOCK_N) + slot_offs, cache_modifier=\".cg\")", j + 1)
+        e("tl.atomic_xchg(sk_count + t, 0)", j)
+        self._tile_index(j)
+        self.tma_mode = "direct" if tma else ""
+        self._epilogue(j)
+        self.tma_mode = ""
+        e("it += k_last - k_first", i)
 
     def write_gemv(self) -> str:
         """A weight-streaming GEMV (gemm_configs.gemv_covers: at most GEMV_MAX_M rows of A', B' read
