@@ -435,7 +435,7 @@ class _GemmWriter(_Writer):
         self.tma_mode = ""
         return self._source(self._head(self._pointers(), TILE_CONSTS))
 
-    def write_persistent(self, streamk: bool = False) -> str:
+    def write_persistent(self, streamk: bool = False, tail_first: bool = False, static_runs: bool = False) -> str:
         """NUM_PROGRAMS programs a batch entry, each looping over tiles start, start + NUM_PROGRAMS,
         ... in grouped order: no tail of short-lived programs, and the next tile's loads can overlap
         this tile's epilogue (FLATTEN lets Triton pipeline across the tile loop). The epilogue's tile
@@ -449,7 +449,8 @@ class _GemmWriter(_Writer):
         slot (the slot of program p's part of tail tile t is p + t: runs are ordered in both), then
         counts itself on the tile's counter; the program that arrives last sums the tile's partials in
         program order (the same result every run), runs the epilogue and resets the counter to zero
-        for the next launch."""
+        for the next launch. `tail_first`: a program does its stream-K run before its whole tiles;
+        `static_runs`: the run's (at most two) tile pieces are unrolled, not a while loop."""
         e = self.emit
         self._grid_shape()
         e("start = tl.program_id(0)")
@@ -466,6 +467,8 @@ class _GemmWriter(_Writer):
                 indent = 2
             if tma:
                 self._descriptors(indent)
+            if streamk and tail_first:
+                self._streamk_tail(indent, tma, static_runs)
             e("tile_c = start - NUM_PROGRAMS", indent)
             e("for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=FLATTEN, "
               "warp_specialize=WARP_SPECIALIZE):", indent)
@@ -477,23 +480,28 @@ class _GemmWriter(_Writer):
             self.tma_mode = "direct" if tma else ""
             self._epilogue(indent + 1, flatten=True)
             self.tma_mode = ""
-            if streamk:
-                self._streamk_tail(indent, tma)
+            if streamk and not tail_first:
+                self._streamk_tail(indent, tma, static_runs)
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
         if streamk:
             return self._source(self._head([*self._pointers(workspace=True), "sk_count"],
                                            [*consts, "SK_TILES", "SK_ITERS"]))
         return self._source(self._head(self._pointers(), consts))
 
-    def _streamk_tail(self, indent: int, tma: bool) -> None:
+    def _streamk_tail(self, indent: int, tma: bool, static_runs: bool = False) -> None:
         """The stream-K part of write_persistent: this program's run of SK_ITERS K iterations over the
-        tail tiles (at most two tiles: a run is shorter than one tile's K loop)."""
+        tail tiles (at most two tiles: a run is no longer than one tile's K loop)."""
         e = self.emit
         e("k_iters = tl.cdiv(K, BLOCK_K)", indent)
         e("it = start * SK_ITERS", indent)
         e("it_end = min(it + SK_ITERS, SK_TILES * k_iters)", indent)
-        e("while it < it_end:", indent)
-        i = indent + 1
+        if static_runs:
+            e("for run in tl.static_range(2):", indent)
+            e("if it < it_end:", indent + 1)
+            i = indent + 2
+        else:
+            e("while it < it_end:", indent)
+            i = indent + 1
         e("t = it // k_iters", i)
         e("k_first = it - t * k_iters", i)
         e("k_last = min(k_iters, k_first + (it_end - it))", i)

@@ -1,0 +1,116 @@
+"""Stream-K against the plain persistent GEMM, and which shape of the stream-K code compiles best.
+
+For each case (gemm_tune_gpu.py's GEMMs: gelu_mlp's two, GPT-2's five) the best persistent config
+the autotuner is offered is timed as:
+  persistent        the persistent kernel;
+  sk0 <form>        the stream-K kernel of that form with SK_TILES = 0: every tile a whole one, the
+                    stream-K code compiled in but never run (what its presence costs the tile loop);
+  sk <form>         the stream-K kernel as offered (SK_TILES, SK_ITERS of gemm_configs.streamk_configs,
+                    or the even spread where that offers none);
+for the forms after/before (the stream-K run after or before a program's whole tiles) x while/static
+(its at most two tile pieces in a while loop, or unrolled). Each is checked against cuBLAS and timed
+(tune.bench_ms), with its registers and spills per thread.
+
+    PYTHONPATH=src python bench/streamk_gpu.py [--only mlp1,mlp2,gpt2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_tune_gpu as G
+
+from fusegraph.backends import cublas
+from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _LazyEpilogue, check_same
+from fusegraph.codegen.compile import load_triton_function
+from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
+from fusegraph.tune import bench_ms
+
+FORMS = {"after/while": (False, False), "before/while": (True, False), "after/static": (False, True),
+         "before/static": (True, True)}
+
+
+def _regs(launch: GemmLaunch, args: list[torch.Tensor]) -> str:
+    try:
+        kernel = launch.warmup_jobs(args)[0]()
+        kernel._init_handles()
+        return f"regs {kernel.n_regs:3d} spills {kernel.n_spills:4d}"
+    except Exception as err:  # the numbers are a diagnosis, not the measurement
+        return f"(regs: {type(err).__name__})"
+
+
+def run_case(label: str, build: Any, flops: int) -> list[str]:
+    group, _ = G.matmul_group(build, "bfloat16", label)
+    name = f"sk_{label}"
+    gen = generate_gemm(group, name)
+    configs = _gemm_candidates(gen, "cuda", group)
+    persistent = next((c for c in configs if c.get("VARIANT") == "persistent"), None)
+    if persistent is None:
+        return [f"{label}: no persistent candidate"]
+    offered = next((c for c in configs if c.get("VARIANT") == "streamk"), None)
+    programs = int(persistent["NUM_PROGRAMS"])
+    tiles = -(-gen.geometry.m // persistent["BLOCK_M"]) * -(-gen.geometry.n // persistent["BLOCK_N"])
+    k_iters = -(-gen.geometry.k // persistent["BLOCK_K"])
+    tail = tiles % programs
+    sk = offered or dict(persistent, VARIANT="streamk", SK_TILES=tail,
+                         SK_ITERS=max(1, -(-tail * k_iters // programs)))
+    args = G.inputs(group, "cuda")
+    epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", "cuda", {})
+    expected = cublas.cublas_launch(group, epilogue, [])(args)
+    fn = load_triton_function(gen.source, gen.name)
+    rows = [f"{label}: {gen.geometry.m}x{gen.geometry.n}x{gen.geometry.k}, {tiles} tiles of "
+            f"{persistent['BLOCK_M']}x{persistent['BLOCK_N']} over {programs} programs, {k_iters} K iterations; "
+            f"stream-K {sk['SK_TILES']} tiles in runs of {sk['SK_ITERS']}" + ("" if offered else " (not offered)")]
+
+    def timed(tag: str, launch: GemmLaunch) -> None:
+        try:
+            check_same(launch(args), expected, f"{label} {tag}", True)
+            ms = bench_ms(lambda: launch(args))
+            rows.append(f"  {tag:<22} {ms * 1e3:9.1f} us {flops / ms / 1e9:7.1f} TFLOP/s  {_regs(launch, args)}")
+        except Exception as err:
+            rows.append(f"  {tag:<22} ERROR {type(err).__name__}: {str(err)[:200]}")
+
+    timed("persistent", GemmLaunch(fn, gen, persistent, "cuda"))
+    for form, (first, static) in FORMS.items():
+        kname = f"{name}_{form.replace('/', '_')}"
+        source = HEADER + _GemmWriter(group, kname).write_persistent(streamk=True, tail_first=first,
+                                                                     static_runs=static)
+        variant_gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((kname,), source)})
+        timed(f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda"))
+        timed(f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda"))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="mlp1,mlp2,gpt2")
+    opts = parser.parse_args()
+    start = time.perf_counter()
+    lines = [f"# bench/streamk_gpu.py --only {opts.only}; {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    for group_name in opts.only.split(","):
+        for label, build, flops in G.cases(False).get(group_name, []):
+            try:
+                rows = run_case(label, build, flops)
+            except Exception as err:
+                rows = [f"{label}: ERROR {type(err).__name__}: {str(err)[:300]}"]
+            print("\n".join(rows), flush=True)
+            lines += rows
+    lines.append(f"total {time.perf_counter() - start:.1f} s")
+    print(lines[-1])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"streamk_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
