@@ -34,6 +34,7 @@ from fusegraph.codegen.compile import load_triton_function
 from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
 from fusegraph.tune import bench_ms
 
+FORM_FILTER: list[str] = []
 FORMS = {"after/while": (False, False), "before/while": (True, False), "after/static": (False, True),
          "before/static": (True, True)}
 
@@ -80,23 +81,31 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
 
     timed("persistent", GemmLaunch(fn, gen, persistent, "cuda"))
     for form, (first, static) in FORMS.items():
+        if FORM_FILTER and form not in FORM_FILTER:
+            continue
         kname = f"{name}_{form.replace('/', '_')}"
         source = HEADER + _GemmWriter(group, kname).write_persistent(streamk=True, tail_first=first,
                                                                      static_runs=static)
         variant_gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((kname,), source)})
         timed(f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda"))
         timed(f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda"))
+    timed("persistent again", GemmLaunch(fn, gen, persistent, "cuda"))    # drift over the case
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="mlp1,mlp2,gpt2")
+    parser.add_argument("--forms", default="", help="comma-separated forms (default: all)")
+    parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
     opts = parser.parse_args()
+    FORM_FILTER.extend(filter(None, opts.forms.split(",")))
     start = time.perf_counter()
     lines = [f"# bench/streamk_gpu.py --only {opts.only}; {torch.cuda.get_device_name()}, torch {torch.__version__}"]
     for group_name in opts.only.split(","):
         for label, build, flops in G.cases(False).get(group_name, []):
+            if opts.cases and label not in opts.cases.split(","):
+                continue
             try:
                 rows = run_case(label, build, flops)
             except Exception as err:

@@ -76,7 +76,7 @@ class GemmLaunch:
             self.workspace = int(config["SPLITS"]) * max(1, geo.batch_numel) * geo.m * geo.n
 
         self.sk_count: torch.Tensor | None = None   # stream-K's counters (allocated at the first launch)
-        self.sk_tiles = int(config.get("SK_TILES", 0)) if self.variant == "streamk" else 0
+        self.sk_tiles = max(1, int(config.get("SK_TILES", 0))) if self.variant == "streamk" else 0
         if self.sk_tiles:
             self.workspace = streamk_workspace(config)
 
