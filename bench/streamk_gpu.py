@@ -8,8 +8,10 @@ the autotuner is offered is timed as:
   sk <form>         the stream-K kernel as offered (SK_TILES, SK_ITERS of gemm_configs.streamk_configs,
                     or the even spread where that offers none);
 for the forms after/before (the stream-K run after or before a program's whole tiles) x while/static
-(its at most two tile pieces in a while loop, or unrolled). Each is checked against cuBLAS and timed
-(tune.bench_ms), with its registers and spills per thread.
+(its at most two tile pieces in a while loop, or unrolled). Each is checked against cuBLAS, then all
+are timed in alternation for ROUNDS rounds (tune.bench_ms each: L2 flushed, median call); the table
+gives the median over rounds, the best, the speed-up over the persistent kernel, and registers and
+spills per thread.
 
     PYTHONPATH=src python bench/streamk_gpu.py [--only mlp1,mlp2,gpt2]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -35,6 +38,7 @@ from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
 from fusegraph.tune import bench_ms
 
 FORM_FILTER: list[str] = []
+ROUNDS = 5
 FORMS = {"after/while": (False, False), "before/while": (True, False), "after/static": (False, True),
          "before/static": (True, True)}
 
@@ -57,6 +61,9 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
     if persistent is None:
         return [f"{label}: no persistent candidate"]
     offered = next((c for c in configs if c.get("VARIANT") == "streamk"), None)
+    if offered is not None:   # the persistent config it is built on
+        persistent = {k: v for k, v in offered.items() if k not in ("SK_TILES", "SK_ITERS")}
+        persistent["VARIANT"] = "persistent"
     programs = int(persistent["NUM_PROGRAMS"])
     tiles = -(-gen.geometry.m // persistent["BLOCK_M"]) * -(-gen.geometry.n // persistent["BLOCK_N"])
     k_iters = -(-gen.geometry.k // persistent["BLOCK_K"])
@@ -71,15 +78,7 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
             f"{persistent['BLOCK_M']}x{persistent['BLOCK_N']} over {programs} programs, {k_iters} K iterations; "
             f"stream-K {sk['SK_TILES']} tiles in runs of {sk['SK_ITERS']}" + ("" if offered else " (not offered)")]
 
-    def timed(tag: str, launch: GemmLaunch) -> None:
-        try:
-            check_same(launch(args), expected, f"{label} {tag}", True)
-            ms = bench_ms(lambda: launch(args))
-            rows.append(f"  {tag:<22} {ms * 1e3:9.1f} us {flops / ms / 1e9:7.1f} TFLOP/s  {_regs(launch, args)}")
-        except Exception as err:
-            rows.append(f"  {tag:<22} ERROR {type(err).__name__}: {str(err)[:200]}")
-
-    timed("persistent", GemmLaunch(fn, gen, persistent, "cuda"))
+    launches: list[tuple[str, GemmLaunch]] = [("persistent", GemmLaunch(fn, gen, persistent, "cuda"))]
     for form, (first, static) in FORMS.items():
         if FORM_FILTER and form not in FORM_FILTER:
             continue
@@ -87,9 +86,30 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
         source = HEADER + _GemmWriter(group, kname).write_persistent(streamk=True, tail_first=first,
                                                                      static_runs=static)
         variant_gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((kname,), source)})
-        timed(f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda"))
-        timed(f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda"))
-    timed("persistent again", GemmLaunch(fn, gen, persistent, "cuda"))    # drift over the case
+        launches.append((f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda")))
+        launches.append((f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda")))
+    times: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+    for tag, launch in launches:
+        try:
+            check_same(launch(args), expected, f"{label} {tag}", True)
+            notes[tag] = _regs(launch, args)
+            times[tag] = []
+        except Exception as err:
+            notes[tag] = f"ERROR {type(err).__name__}: {str(err)[:200]}"
+    for _ in range(ROUNDS):   # in alternation, so drift falls on every kernel alike
+        for tag, launch in launches:
+            if tag in times:
+                times[tag].append(bench_ms(lambda launch=launch: launch(args)))
+    base = statistics.median(times["persistent"]) if times.get("persistent") else None
+    for tag, _ in launches:
+        if tag not in times:
+            rows.append(f"  {tag:<16} {notes[tag]}")
+            continue
+        med, best = statistics.median(times[tag]), min(times[tag])
+        ratio = f"{base / med:6.3f}x" if base else ""
+        rows.append(f"  {tag:<16} median {med * 1e3:8.1f} us (best {best * 1e3:8.1f}) {flops / med / 1e9:6.1f} TFLOP/s "
+                    f"{ratio}  {notes[tag]}")
     return rows
 
 
