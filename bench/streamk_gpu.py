@@ -8,7 +8,8 @@ the autotuner is offered is timed as:
   sk <form>         the stream-K kernel as offered (SK_TILES, SK_ITERS of gemm_configs.streamk_configs,
                     or the even spread where that offers none);
 for the forms after/before (the stream-K run after or before a program's whole tiles) x while/static
-(its at most two tile pieces in a while loop, or unrolled). Each is checked against cuBLAS, then all
+(its at most two tile pieces in a while loop, or unrolled), and "unified" (one loop over a program's
+whole tiles and then its pieces, every K loop the same). Each is checked against cuBLAS, then all
 are timed in alternation for ROUNDS rounds (tune.bench_ms each: L2 flushed, median call); the table
 gives the median over rounds, the best, the speed-up over the persistent kernel, and registers and
 spills per thread.
@@ -39,15 +40,18 @@ from fusegraph.tune import bench_ms
 
 FORM_FILTER: list[str] = []
 ROUNDS = 5
-FORMS = {"after/while": (False, False), "before/while": (True, False), "after/static": (False, True),
-         "before/static": (True, True)}
+FORMS = {"after/while": (False, False, False), "before/while": (True, False, False),
+         "after/static": (False, True, False), "before/static": (True, True, False), "unified": (False, False, True)}
 
 
 def _regs(launch: GemmLaunch, args: list[torch.Tensor]) -> str:
     try:
         kernel = launch.warmup_jobs(args)[0]()
         kernel._init_handles()
-        return f"regs {kernel.n_regs:3d} spills {kernel.n_spills:4d}"
+        ttgir = str(kernel.asm.get("ttgir", ""))
+        counts = {k: ttgir.count(k) for k in ("async_tma_copy_global_to_local", "warp_group_dot ",
+                                              "isAsync = true", "scf.for", "scf.while")}
+        return f"regs {kernel.n_regs:3d} spills {kernel.n_spills:4d}  ttgir {counts}"
     except Exception as err:  # the numbers are a diagnosis, not the measurement
         return f"(regs: {type(err).__name__})"
 
@@ -79,12 +83,12 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
             f"stream-K {sk['SK_TILES']} tiles in runs of {sk['SK_ITERS']}" + ("" if offered else " (not offered)")]
 
     launches: list[tuple[str, GemmLaunch]] = [("persistent", GemmLaunch(fn, gen, persistent, "cuda"))]
-    for form, (first, static) in FORMS.items():
+    for form, (first, static, unified) in FORMS.items():
         if FORM_FILTER and form not in FORM_FILTER:
             continue
         kname = f"{name}_{form.replace('/', '_')}"
         source = HEADER + _GemmWriter(group, kname).write_persistent(streamk=True, tail_first=first,
-                                                                     static_runs=static)
+                                                                     static_runs=static, unified=unified)
         variant_gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((kname,), source)})
         launches.append((f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda")))
         launches.append((f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda")))
