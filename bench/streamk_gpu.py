@@ -36,6 +36,7 @@ from fusegraph.backends import cublas
 from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _LazyEpilogue, check_same
 from fusegraph.codegen.compile import load_triton_function
 from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
+from fusegraph.settings import override
 from fusegraph.tune import bench_ms
 
 FORM_FILTER: list[str] = []
@@ -60,7 +61,8 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
     group, _ = G.matmul_group(build, "bfloat16", label)
     name = f"sk_{label}"
     gen = generate_gemm(group, name)
-    configs = _gemm_candidates(gen, "cuda", group)
+    with override(gemm_streamk=True):   # the stream-K candidate as the autotuner would get it
+        configs = _gemm_candidates(gen, "cuda", group)
     persistent = next((c for c in configs if c.get("VARIANT") == "persistent"), None)
     if persistent is None:
         return [f"{label}: no persistent candidate"]

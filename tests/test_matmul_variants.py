@@ -181,7 +181,8 @@ def test_streamk_candidates_only_where_the_last_wave_idles() -> None:
     assert grid == (132, 1) and consts["SK_TILES"] == 100 and consts["SK_ITERS"] == 194
     assert streamk_configs(_geometry(132 * 128, 256, 4096), sms=132) == []  # whole waves: nothing idles
     assert streamk_configs(_geometry(8192, 16384, 4096, batch=(2,)), sms=132) == []
-    assert "streamk" in _variants(gemm_candidates(_geometry(8192, 4096, 16384), tma=True))
+    assert "streamk" in _variants(gemm_candidates(_geometry(8192, 4096, 16384), tma=True, streamk=True))
+    assert "streamk" not in _variants(gemm_candidates(_geometry(8192, 4096, 16384), tma=True))   # off by default
 
 
 # ---- split-K ------------------------------------------------------------------------------------

@@ -471,12 +471,11 @@ def test_plan_precompiles_first_config_of_launch_bound_kernels_and_all_of_the_ot
                         lambda jobs, threads=None: submitted.append(jobs))
     # launch-bound: its first config, timed against cuBLAS (paired: its floor is over 2 us), whose
     # second launch is the relu epilogue kernel; tuned: 3 tiled + 2 persistent configs (512 tiles > 132 SMs)
-    # + stream-K (512 = 3 x 132 + 116: the 4th wave leaves 16 SMs idle)
     stream = plan_precompile.precompile_plan(items, "cuda", {})
-    assert len(stream.jobs) == 1 + 1 + 3 + 2 + 1
+    assert len(stream.jobs) == 1 + 1 + 3 + 2
     with override(stream_compiles=False), stream:
         pass
-    assert len(submitted) == 1 and len(submitted[0]) == 8           # one parallel batch for the whole plan
+    assert len(submitted) == 1 and len(submitted[0]) == 7           # one parallel batch for the whole plan
     monkeypatch.setattr(autotuner, "cached_choice", lambda name, key, candidates: candidates[1])
     assert len(plan_precompile.precompile_plan(items, "cuda", {}).jobs) == 1 + 1 + 1   # known choice: only it compiles
     assert len(plan_precompile.precompile_plan(items, "cpu", {}).jobs) == 0

@@ -117,6 +117,11 @@ _register("gemm_tma_store", bool, lambda: True,
           "engine, so no masks). Off: a pointer store. GPT-2's LM head into padded rows: persistent ~0.9 ms with "
           "it, best pointer-store config 1.03 ms (bench/results/ab_gpt2_norm_residual_20261201_2100.txt tune "
           "report, profile_gpt2_final_20261201_2125.txt).")
+_register("gemm_streamk", bool, lambda: False,
+          "Large GEMMs whose last wave of tiles leaves SMs idle also get a stream-K candidate (the persistent "
+          "kernel with the last wave's tiles shared out by K through fp32 partials). Off by default: on the H200 "
+          "its partials' traffic made it 16-24% slower on GPT-2's K=768 GEMMs, and its 1-2% on gelu_mlp's "
+          "first GEMM was within the run-to-run spread (bench/streamk_gpu.py, results/streamk_*.txt).")
 _register("decode_attention", bool, lambda: True,
           "Attention with few query rows per kv head (a decode step) gets the split-KV kernels among its "
           "candidates (codegen/attention.py; timed against cuDNN where the problem is not launch-bound); off: "

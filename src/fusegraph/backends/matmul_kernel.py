@@ -446,11 +446,12 @@ def _tune_key(gen: GeneratedGemm, device: str, form: str | None = None) -> dict[
 
 
 def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> list[dict[str, Any]]:
-    """Tiled, persistent and split-K configs of this GEMM on `device` (warp specialization only
-    where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
+    """Tiled, persistent (stream-K with settings.gemm_streamk) and split-K configs of this GEMM on
+    `device` (warp specialization only where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
     return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
-                           warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize)
+                           warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize,
+                           streamk=settings.gemm_streamk and "streamk" in gen.variants)
 
 
 def _capability(device: str) -> int:

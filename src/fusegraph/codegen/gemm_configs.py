@@ -233,13 +233,16 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
-                    warp_specialize: bool = False, store_itemsize: int = 0) -> list[dict[str, Any]]:
-    """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K, then split-K.
-    `store_itemsize`: bytes per element of the outputs the TMA path stores through descriptors."""
+                    warp_specialize: bool = False, store_itemsize: int = 0,
+                    streamk: bool = False) -> list[dict[str, Any]]:
+    """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K (with `streamk`),
+    then split-K. `store_itemsize`: bytes per element of the outputs the TMA path stores through
+    descriptors."""
     return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
             + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
                                  store_itemsize=store_itemsize)
-            + streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
+            + (streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
+               if streamk else [])
             + split_k_configs(geometry, sms=sms, itemsize=itemsize))
 
 
