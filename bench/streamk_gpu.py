@@ -127,7 +127,8 @@ def main() -> int:
     opts = parser.parse_args()
     FORM_FILTER.extend(filter(None, opts.forms.split(",")))
     start = time.perf_counter()
-    lines = [f"# bench/streamk_gpu.py --only {opts.only}; {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    lines = [f"# python bench/streamk_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}"]
     for group_name in opts.only.split(","):
         for label, build, flops in G.cases(False).get(group_name, []):
             if opts.cases and label not in opts.cases.split(","):
