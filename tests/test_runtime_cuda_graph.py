@@ -527,3 +527,14 @@ def test_profiled_builds_report_where_the_first_calls_went(fake_cuda: None, prof
     run_s = float(line.split("kernel-by-kernel run ")[1].split(" s")[0])
     assert run_s > 0.0 and round(plan.cuda_graph.first_run_s, 3) == run_s
     assert "; capture: side-stream warm-up 0.000 s, capture 0.000 s" in line   # the stand-in capture times nothing
+    names = [k.name for k in plan.kernels]
+    assert [label.split(" ")[0] for label, _ in plan.cuda_graph.first_run_kernels] == names   # every launch, in order
+    assert all(seconds >= 0.0 for _, seconds in plan.cuda_graph.first_run_kernels)
+    assert "  first run by backend: " in err and "  slowest first launches: " in err
+    assert_close(plan(x, w)[0], eager(x, w)[0])      # the timed first run computed what the plain one does
+
+
+def test_first_run_summary_groups_launches_by_backend() -> None:
+    text = cuda_graph.first_run_summary([("k0 cudnn", 0.5), ("k1 triton", 0.01), ("k2 cudnn", 0.25)], top=2)
+    assert "cudnn 0.750 s (2), triton 0.010 s (1)" in text
+    assert text.endswith("slowest first launches: k0 cudnn 0.500 s, k2 cudnn 0.250 s")

@@ -333,6 +333,20 @@ def _capture(run_plain: RunFn, inputs: Sequence[torch.Tensor], by_reference: fro
                     hooks=tuple(hooks), seconds=(warmed - start, done - warmed))
 
 
+def first_run_summary(kernels: Sequence[tuple[str, float]], top: int = 8) -> str:
+    """The first run's launches by kind (the label's last word: its backend) and the slowest ones, as
+    the first-call report prints them."""
+    by_kind: dict[str, tuple[int, float]] = {}
+    for label, seconds in kernels:
+        kind = label.rsplit(" ", 1)[-1]
+        count, total = by_kind.get(kind, (0, 0.0))
+        by_kind[kind] = (count + 1, total + seconds)
+    kinds = ", ".join(f"{kind} {total:.3f} s ({count})"
+                      for kind, (count, total) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]))
+    slowest = ", ".join(f"{label} {seconds:.3f} s" for label, seconds in sorted(kernels, key=lambda ks: -ks[1])[:top])
+    return f"  first run by backend: {kinds}\n  slowest first launches: {slowest}"
+
+
 def _profile_clock(device: torch.device | None = None) -> float:
     """time.perf_counter() after the device's work so far, when builds are profiled
     (settings.profile_build: the first call's phases are reported with the build); 0.0 otherwise."""
@@ -458,7 +472,9 @@ class GraphRunner:
                  set_note: Callable[[str], None], static_inputs: Collection[int] = (),
                  input_names: Sequence[str] = (),
                  redecide: Callable[[frozenset[int]], GraphDecision] | None = None,
-                 measure: bool = False, held_outputs: Collection[int] | None = None) -> None:
+                 measure: bool = False, held_outputs: Collection[int] | None = None,
+                 timed_run: Callable[[Sequence[Any]], tuple[list[Any], list[tuple[str, float]]]] | None = None
+                 ) -> None:
         self.name = name
         self.n_in = n_in
         self.run_plain = run_plain
@@ -486,6 +502,10 @@ class GraphRunner:
         # reuse: the outputs a caller may keep past the next call (small ones cloned); None = all
         self.held_outputs = None if held_outputs is None else frozenset(held_outputs)
         self.first_run_s = 0.0         # the first call's kernel-by-kernel run (FUSEGRAPH_PROFILE_BUILD only)
+        # under FUSEGRAPH_PROFILE_BUILD the first call runs through `timed_run` (each kernel synchronized and
+        # timed): (kernel label, seconds) of each launch go to the first-call report
+        self.timed_run = timed_run
+        self.first_run_kernels: list[tuple[str, float]] = []
 
     def moved(self, inputs: Sequence[Any]) -> list[Any]:
         """A call whose input read in place is not at its captured address: run kernel by kernel
@@ -529,7 +549,10 @@ class GraphRunner:
     def first_call(self, inputs: Sequence[Any]) -> list[Any]:
         device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
         start = _profile_clock(device)
-        outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
+        if settings.profile_build and self.timed_run is not None and self.matches(inputs):
+            outs, self.first_run_kernels = self.timed_run(inputs)
+        else:
+            outs = self.run_plain(inputs)   # the warm-up (or another signature: never captured here)
         if settings.profile_build:
             self.first_run_s = _profile_clock(device) - start
         if not self.matches(inputs) or stream_capturing():
@@ -599,6 +622,8 @@ class GraphRunner:
         if capture_s is not None:
             line += f"; capture: side-stream warm-up {capture_s[0]:.3f} s, capture {capture_s[1]:.3f} s"
         print(line, file=sys.stderr)
+        if self.first_run_kernels:
+            print(first_run_summary(self.first_run_kernels), file=sys.stderr)
 
     def _replay(self) -> RunFn:
         """The generated per-call function of the captured graph (its source kept on replay_source)."""

@@ -6,6 +6,7 @@ reads and writes is decided at build time (slot indices), not looked up per call
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,7 +94,8 @@ class Plan:
                                       outputs, install, set_note, self.static_inputs,
                                       [n.name for n in self.graph.inputs],
                                       redecide if outputs == "reuse" else None,
-                                      measure=deferred and outputs != "reuse", held_outputs=self.held_outputs)
+                                      measure=deferred and outputs != "reuse", held_outputs=self.held_outputs,
+                                      timed_run=self.run_timed)
         self._run_fast = self.cuda_graph.first_call
 
     @property
@@ -204,6 +206,26 @@ class Plan:
             for i in frees:
                 buf[i] = None
         return fresh_outputs([buf[k] for k in self._out_slots], self._out_slots, len(inputs))
+
+    def run_timed(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple[str, float]]]:
+        """run_slow with each launch synchronized and timed (wall seconds, the device's work included):
+        the outputs and (kernel name and backend, seconds) per launch. For FUSEGRAPH_PROFILE_BUILD's
+        first-call report: a first launch pays its library setup and module loading."""
+        sync = torch.cuda.synchronize if self._cuda and torch.cuda.is_available() else (lambda: None)
+        buf: list[Any] = list(inputs)
+        buf.extend([None] * (self._num_slots - len(buf)))
+        times: list[tuple[str, float]] = []
+        for (launch, ins, outs, frees), (kernel, _, _) in zip(self._steps, self._schedule, strict=True):
+            sync()
+            start = time.perf_counter()
+            results = launch([buf[i] for i in ins])
+            sync()
+            times.append((f"{kernel.name} {kernel.backend}", time.perf_counter() - start))
+            for k, r in zip(outs, results, strict=True):
+                buf[k] = r
+            for i in frees:
+                buf[i] = None
+        return fresh_outputs([buf[k] for k in self._out_slots], self._out_slots, len(inputs)), times
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expect):
