@@ -1,20 +1,18 @@
-"""Stream-K against the plain persistent GEMM, and which shape of the stream-K code compiles best.
+"""Stream-K against the plain persistent GEMM.
 
-For each case (gemm_tune_gpu.py's GEMMs: gelu_mlp's two, GPT-2's five) the best persistent config
-the autotuner is offered is timed as:
-  persistent        the persistent kernel;
-  sk0 <form>        the stream-K kernel of that form with SK_TILES = 0: every tile a whole one, the
-                    stream-K code compiled in but never run (what its presence costs the tile loop);
-  sk <form>         the stream-K kernel as offered (SK_TILES, SK_ITERS of gemm_configs.streamk_configs,
-                    or the even spread where that offers none);
-for the forms after/before (the stream-K run after or before a program's whole tiles) x while/static
-(its at most two tile pieces in a while loop, or unrolled), and "unified" (one loop over a program's
-whole tiles and then its pieces, every K loop the same). Each is checked against cuBLAS, then all
-are timed in alternation for ROUNDS rounds (tune.bench_ms each: L2 flushed, median call); the table
-gives the median over rounds, the best, the speed-up over the persistent kernel, and registers and
-spills per thread.
+For each case (gemm_tune_gpu.py's GEMMs: gelu_mlp's two, GPT-2's five) the persistent config the
+stream-K candidate is built on (gemm_configs.streamk_configs; the first persistent config with the
+even spread where that offers none) is timed as:
+  persistent   the persistent kernel;
+  sk0          the stream-K kernel with SK_TILES = 0: every tile a whole one, the stream-K code compiled
+               in but never run (what its presence costs the tile loop);
+  sk           the stream-K kernel as offered.
+Each is checked against cuBLAS, then all are timed in alternation for ROUNDS rounds (tune.bench_ms
+each: L2 flushed, median call); the table gives the median over rounds, the best, the speed-up over
+the persistent kernel, registers and spills per thread, and TTGIR op counts (TMA copies, wgmma).
+The twenty-fifth session also timed other code forms of the stream-K part (bench/RESULTS.md).
 
-    PYTHONPATH=src python bench/streamk_gpu.py [--only mlp1,mlp2,gpt2]
+    PYTHONPATH=src python bench/streamk_gpu.py [--only mlp1,mlp2,gpt2] [--cases gpt2_qkv,...]
 """
 
 from __future__ import annotations
@@ -39,10 +37,7 @@ from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
 from fusegraph.settings import override
 from fusegraph.tune import bench_ms
 
-FORM_FILTER: list[str] = []
 ROUNDS = 5
-FORMS = {"after/while": (False, False, False), "before/while": (True, False, False),
-         "after/static": (False, True, False), "before/static": (True, True, False), "unified": (False, False, True)}
 
 
 def _regs(launch: GemmLaunch, args: list[torch.Tensor]) -> str:
@@ -55,6 +50,11 @@ def _regs(launch: GemmLaunch, args: list[torch.Tensor]) -> str:
         return f"regs {kernel.n_regs:3d} spills {kernel.n_spills:4d}  ttgir {counts}"
     except Exception as err:  # the numbers are a diagnosis, not the measurement
         return f"(regs: {type(err).__name__})"
+
+
+def _streamk_source(group: Any, name: str) -> tuple[tuple[str, ...], str]:
+    kname = f"{name}_streamk"
+    return (kname,), HEADER + _GemmWriter(group, kname).write_persistent(streamk=True)
 
 
 def run_case(label: str, build: Any, flops: int) -> list[str]:
@@ -84,16 +84,12 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
             f"{persistent['BLOCK_M']}x{persistent['BLOCK_N']} over {programs} programs, {k_iters} K iterations; "
             f"stream-K {sk['SK_TILES']} tiles in runs of {sk['SK_ITERS']}" + ("" if offered else " (not offered)")]
 
-    launches: list[tuple[str, GemmLaunch]] = [("persistent", GemmLaunch(fn, gen, persistent, "cuda"))]
-    for form, (first, static, unified) in FORMS.items():
-        if FORM_FILTER and form not in FORM_FILTER:
-            continue
-        kname = f"{name}_{form.replace('/', '_')}"
-        source = HEADER + _GemmWriter(group, kname).write_persistent(streamk=True, tail_first=first,
-                                                                     static_runs=static, unified=unified)
-        variant_gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((kname,), source)})
-        launches.append((f"sk0 {form}", GemmLaunch(fn, variant_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda")))
-        launches.append((f"sk {form}", GemmLaunch(fn, variant_gen, sk, "cuda")))
+    sk_gen = dataclasses.replace(gen, variants={**gen.variants,
+                                                "streamk": gen.variants.get("streamk") or _streamk_source(group, name)})
+    launches: list[tuple[str, GemmLaunch]] = [
+        ("persistent", GemmLaunch(fn, gen, persistent, "cuda")),
+        ("sk0", GemmLaunch(fn, sk_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda")),
+        ("sk", GemmLaunch(fn, sk_gen, sk, "cuda"))]
     times: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
     for tag, launch in launches:
@@ -122,10 +118,8 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="mlp1,mlp2,gpt2")
-    parser.add_argument("--forms", default="", help="comma-separated forms (default: all)")
     parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
     opts = parser.parse_args()
-    FORM_FILTER.extend(filter(None, opts.forms.split(",")))
     start = time.perf_counter()
     lines = [f"# python bench/streamk_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}"]

@@ -127,32 +127,6 @@ def test_streamk_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) -> 
     assert torch.equal(got, again)                                        # partials summed in program order
 
 
-@pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize(("tail_first", "static_runs", "unified"),
-                         [(False, False, True), (True, False, False), (False, True, False), (True, True, False)])
-def test_streamk_code_forms_match_reference(tma: bool, tail_first: bool, static_runs: bool, unified: bool) -> None:
-    """The run before the whole tiles, its tile pieces unrolled, or one loop over whole tiles and
-    pieces (bench/streamk_gpu.py times them)."""
-    import dataclasses
-
-    from fusegraph.codegen.matmul import HEADER, _GemmWriter
-
-    g, y, feeds = _mlp_graph(40, 72, 200)
-    group = _group(g)
-    gen = generate_gemm(group, "streamk_forms")
-    name = f"streamk_form_{int(tail_first)}{int(static_runs)}{int(unified)}{int(tma)}"
-    source = HEADER + _GemmWriter(group, name).write_persistent(streamk=True, tail_first=tail_first,
-                                                                static_runs=static_runs, unified=unified)
-    gen = dataclasses.replace(gen, variants={**gen.variants, "streamk": ((name,), source)})
-    config = {"VARIANT": "streamk", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "NUM_PROGRAMS": 4,
-              "FLATTEN": True, "USE_TMA": tma, "SK_TILES": 3, "SK_ITERS": 6, "num_warps": 4, "num_stages": 3}
-    by_name = {h.name: t for h, t in feeds.items()}
-    launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
-    (got,) = launch([by_name[n.name] for n in gen.inputs])
-    assert_close(got, fg.reference(g).execute(feeds)[y], what=f"stream-K form {tail_first} {static_runs} {unified}")
-    assert launch.sk_count is not None and not launch.sk_count.any()
-
-
 def test_streamk_source_shares_the_tail_tiles_by_k() -> None:
     g, _, _ = _mlp_graph(40, 64, 48)
     gen = generate_gemm(_group(g), "streamk_source")

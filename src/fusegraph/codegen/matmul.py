@@ -435,8 +435,7 @@ class _GemmWriter(_Writer):
         self.tma_mode = ""
         return self._source(self._head(self._pointers(), TILE_CONSTS))
 
-    def write_persistent(self, streamk: bool = False, tail_first: bool = False, static_runs: bool = False,
-                         unified: bool = False) -> str:
+    def write_persistent(self, streamk: bool = False) -> str:
         """NUM_PROGRAMS programs a batch entry, each looping over tiles start, start + NUM_PROGRAMS,
         ... in grouped order: no tail of short-lived programs, and the next tile's loads can overlap
         this tile's epilogue (FLATTEN lets Triton pipeline across the tile loop). The epilogue's tile
@@ -450,13 +449,10 @@ class _GemmWriter(_Writer):
         slot (the slot of program p's part of tail tile t is p + t: runs are ordered in both), then
         counts itself on the tile's counter; the program that arrives last sums the tile's partials in
         program order (the same result every run), runs the epilogue and resets the counter to zero
-        for the next launch. `tail_first`: a program does its stream-K run before its whole tiles;
-        `static_runs`: the run's (at most two) tile pieces are unrolled, not a while loop; `unified`:
-        one loop over a program's work units (its whole tiles, then its run's pieces), so a piece's K
-        loop is pipelined as a whole tile's is (see _unified_loop)."""
+        for the next launch. (Measured on the H200 with the run before the whole tiles, its pieces
+        unrolled, and one unflattened loop over whole tiles and pieces: none was faster; bench/RESULTS.md,
+        twenty-fifth session.)"""
         e = self.emit
-        if streamk and unified:
-            return self._write_unified()
         self._grid_shape()
         e("start = tl.program_id(0)")
         e("num_tiles = num_pid_m * num_pid_n")
@@ -472,8 +468,6 @@ class _GemmWriter(_Writer):
                 indent = 2
             if tma:
                 self._descriptors(indent)
-            if streamk and tail_first:
-                self._streamk_tail(indent, tma, static_runs)
             e("tile_c = start - NUM_PROGRAMS", indent)
             e("for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=FLATTEN, "
               "warp_specialize=WARP_SPECIALIZE):", indent)
@@ -485,63 +479,13 @@ class _GemmWriter(_Writer):
             self.tma_mode = "direct" if tma else ""
             self._epilogue(indent + 1, flatten=True)
             self.tma_mode = ""
-            if streamk and not tail_first:
-                self._streamk_tail(indent, tma, static_runs)
+            if streamk:
+                self._streamk_tail(indent, tma)
         consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE"]
         if streamk:
             return self._source(self._head([*self._pointers(workspace=True), "sk_count"],
                                            [*consts, "SK_TILES", "SK_ITERS"]))
         return self._source(self._head(self._pointers(), consts))
-
-    def _write_unified(self) -> str:
-        """Stream-K as one loop over a program's work units: its whole tiles (start, start + NUM_PROGRAMS,
-        ...) and then the (at most two) pieces of its run over the tail tiles. Every unit runs the same
-        K loop over its range, then a whole tile runs the epilogue and a piece stores its partial
-        (as _streamk_tail). The loop holds a branch, so it is not flattened."""
-        e = self.emit
-        self._grid_shape()
-        e("start = tl.program_id(0)")
-        e("num_tiles = num_pid_m * num_pid_n - SK_TILES")
-        e("k_iters = tl.cdiv(K, BLOCK_K)")
-        e("whole = tl.cdiv(tl.maximum(num_tiles - start, 0), NUM_PROGRAMS)")
-        e("it = start * SK_ITERS")
-        e("it_end = min(it + SK_ITERS, SK_TILES * k_iters)")
-        e("split_at = (it // k_iters + 1) * k_iters")
-        e("pieces = tl.where(it < it_end, tl.where(it_end > split_at, 2, 1), 0)")
-        self._batch_setup(1)
-        e("rk = tl.arange(0, BLOCK_K)")
-        paths = [True, False] if self.tma is not None else [False]
-        for tma in paths:
-            indent = 1
-            if len(paths) > 1:
-                e("if USE_TMA:" if tma else "else:")
-                indent = 2
-            if tma:
-                self._descriptors(indent)
-            e("for u in range(0, whole + pieces):", indent)
-            i = indent + 1
-            e("if u < whole:", i)
-            e("tile = start + u * NUM_PROGRAMS", i + 1)
-            e("k_first = 0", i + 1)
-            e("k_last = k_iters", i + 1)
-            e("t = 0", i + 1)
-            e("else:", i)
-            e("pos = tl.where(u == whole, it, split_at)", i + 1)
-            e("t = pos // k_iters", i + 1)
-            e("k_first = pos - t * k_iters", i + 1)
-            e("k_last = min(k_iters, k_first + (it_end - pos))", i + 1)
-            e("tile = num_tiles + t", i + 1)
-            self._tile_of("tile", i)
-            self._mainloop(i, tma=tma, k_lo="k_first * BLOCK_K", k_hi="k_last * BLOCK_K")
-            e("if u < whole:", i)
-            self._tile_index(i + 1)
-            self.tma_mode = "direct" if tma else ""
-            self._epilogue(i + 1)
-            self.tma_mode = ""
-            e("else:", i)
-            self._streamk_piece(i + 1, tma)
-        consts = [*TILE_CONSTS, "NUM_PROGRAMS", "FLATTEN", "WARP_SPECIALIZE", "SK_TILES", "SK_ITERS"]
-        return self._source(self._head([*self._pointers(workspace=True), "sk_count"], consts))
 
     def _streamk_piece(self, i: int, tma: bool) -> None:
         """A piece's partial `acc` of tail tile t into its slot, its arrival counted; the last arrival
@@ -564,20 +508,15 @@ class _GemmWriter(_Writer):
         self._epilogue(j)
         self.tma_mode = ""
 
-    def _streamk_tail(self, indent: int, tma: bool, static_runs: bool = False) -> None:
+    def _streamk_tail(self, indent: int, tma: bool) -> None:
         """The stream-K part of write_persistent: this program's run of SK_ITERS K iterations over the
         tail tiles (at most two tiles: a run is no longer than one tile's K loop)."""
         e = self.emit
         e("k_iters = tl.cdiv(K, BLOCK_K)", indent)
         e("it = start * SK_ITERS", indent)
         e("it_end = min(it + SK_ITERS, SK_TILES * k_iters)", indent)
-        if static_runs:
-            e("for run in tl.static_range(2):", indent)
-            e("if it < it_end:", indent + 1)
-            i = indent + 2
-        else:
-            e("while it < it_end:", indent)
-            i = indent + 1
+        e("while it < it_end:", indent)
+        i = indent + 1
         e("t = it // k_iters", i)
         e("k_first = it - t * k_iters", i)
         e("k_last = min(k_iters, k_first + (it_end - it))", i)
