@@ -70,11 +70,16 @@ def test_persistent_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) 
     assert_close(got, fg.reference(g).execute(feeds)[y], what=f"persistent tma={tma} {dtype}")
 
 
-def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
+def _variant_source(variant: str, name: str) -> str:
+    """The `variant` kernel's source of a 40x64x48 GEMM + bias + gelu, checked to be named name_variant."""
     g, _, _ = _mlp_graph(40, 64, 48)
-    gen = generate_gemm(_group(g), "persistent_source")
-    names, source = gen.variants["persistent"]
-    assert names == ("persistent_source_persistent",)
+    names, source = generate_gemm(_group(g), name).variants[variant]
+    assert names == (f"{name}_{variant}",)
+    return source
+
+
+def test_persistent_source_loops_over_tiles_with_the_epilogue_inside() -> None:
+    source = _variant_source("persistent", "persistent_source")
     assert "tl.range(start, num_tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE)" in source
     loops = source.split("for tile in tl.range")[1:]
     assert len(loops) == 2                                              # TMA and pointer paths
@@ -128,10 +133,7 @@ def test_streamk_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) -> 
 
 
 def test_streamk_source_shares_the_tail_tiles_by_k() -> None:
-    g, _, _ = _mlp_graph(40, 64, 48)
-    gen = generate_gemm(_group(g), "streamk_source")
-    names, source = gen.variants["streamk"]
-    assert names == ("streamk_source_streamk",)
+    source = _variant_source("streamk", "streamk_source")
     assert "ws, sk_count, BLOCK_M: tl.constexpr" in source
     assert "SK_TILES: tl.constexpr, SK_ITERS: tl.constexpr" in source
     assert source.count("while it < it_end:") == 2                       # TMA and pointer paths
