@@ -39,6 +39,7 @@ from fusegraph.codegen.compile import load_triton_function
 from fusegraph.codegen.matmul import generate_gemm
 from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
 from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
 from fusegraph.tune import bench_ms
 from fusegraph.tune.precompile import compile_in_parallel
 
@@ -170,7 +171,8 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
     start = time.perf_counter()
     group, _ = matmul_group(build, dt, label)
     name = f"bench_{label}"
-    gen = generate_gemm(group, name)
+    with override(gemm_streamk=STREAMK_SWEEP):   # the stream-K source, for the sweep's candidates
+        gen = generate_gemm(group, name)
     configs = _gemm_candidates(gen, device, group)
     if STREAMK_SWEEP:
         configs = configs + streamk_sweep(gen.geometry, configs)

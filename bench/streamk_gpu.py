@@ -60,8 +60,8 @@ def _streamk_source(group: Any, name: str) -> tuple[tuple[str, ...], str]:
 def run_case(label: str, build: Any, flops: int) -> list[str]:
     group, _ = G.matmul_group(build, "bfloat16", label)
     name = f"sk_{label}"
-    gen = generate_gemm(group, name)
-    with override(gemm_streamk=True):   # the stream-K candidate as the autotuner would get it
+    with override(gemm_streamk=True):   # the stream-K source and candidate as the autotuner would get them
+        gen = generate_gemm(group, name)
         configs = _gemm_candidates(gen, "cuda", group)
     persistent = next((c for c in configs if c.get("VARIANT") == "persistent"), None)
     if persistent is None:

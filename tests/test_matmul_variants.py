@@ -23,6 +23,7 @@ from fusegraph.codegen.matmul import (
 )
 from fusegraph.fusion.epilogue import MatmulGroup, claim_epilogues
 from fusegraph.fusion.partition import partition_graph
+from fusegraph.settings import override
 
 
 def _mlp_graph(m: int, n: int, k: int, batch: tuple[int, ...] = (), dtype: str = "float16"):
@@ -73,7 +74,8 @@ def test_persistent_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) 
 def _variant_source(variant: str, name: str) -> str:
     """The `variant` kernel's source of a 40x64x48 GEMM + bias + gelu, checked to be named name_variant."""
     g, _, _ = _mlp_graph(40, 64, 48)
-    names, source = generate_gemm(_group(g), name).variants[variant]
+    with override(gemm_streamk=True):
+        names, source = generate_gemm(_group(g), name).variants[variant]
     assert names == (f"{name}_{variant}",)
     return source
 
@@ -121,7 +123,8 @@ def test_streamk_gemm_with_epilogue_matches_reference(tma: bool, dtype: str) -> 
     g, y, feeds = _mlp_graph(40, 72, 200, dtype=dtype)
     config = {"VARIANT": "streamk", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "NUM_PROGRAMS": 4,
               "FLATTEN": True, "USE_TMA": tma, "SK_TILES": 3, "SK_ITERS": 6, "num_warps": 4, "num_stages": 3}
-    gen = generate_gemm(_group(g), f"streamk_{int(tma)}_{dtype}")
+    with override(gemm_streamk=True):
+        gen = generate_gemm(_group(g), f"streamk_{int(tma)}_{dtype}")
     by_name = {h.name: t for h, t in feeds.items()}
     launch = GemmLaunch(load_triton_function(gen.source, gen.name), gen, config, "cpu")
     args = [by_name[n.name] for n in gen.inputs]
@@ -143,7 +146,10 @@ def test_streamk_source_shares_the_tail_tiles_by_k() -> None:
     bmm = fg.Graph(name="bmm_streamk", compute_dtype="float32")       # a batched B: no folding into M
     bmm.matmul(bmm.tensor((2, 40, 48), dtype="float16", name="x"),
                bmm.tensor((2, 48, 64), dtype="float16", name="w")).set_output()
-    assert "streamk" not in generate_gemm(_group(bmm), "batched").variants
+    with override(gemm_streamk=True):
+        assert "streamk" not in generate_gemm(_group(bmm), "batched").variants
+    g, _, _ = _mlp_graph(40, 64, 48)
+    assert "streamk" not in generate_gemm(_group(g), "streamk_off").variants   # off: not even generated
 
 
 def test_streamk_candidates_only_where_the_last_wave_idles() -> None:

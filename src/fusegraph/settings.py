@@ -123,7 +123,7 @@ _register("gemm_streamk", bool, lambda: False,
           "its partials' traffic made it 16-24% slower on GPT-2's K=768 GEMMs, and its 1-2% on gelu_mlp's "
           "first GEMM was within the run-to-run spread (bench/streamk_gpu.py, results/streamk_*.txt). A stream-K "
           "kernel's tile counters persist between its launches, so one compiled plan must not run on two streams "
-          "at once.")
+          "at once. Off, the stream-K source is not generated (build option gemm_variant='streamk' needs it on).")
 _register("decode_attention", bool, lambda: True,
           "Attention with few query rows per kv head (a decode step) gets the split-KV kernels among its "
           "candidates (codegen/attention.py; timed against cuDNN where the problem is not launch-bound); off: "

@@ -3,7 +3,7 @@ and split-K kernels, one candidate per config: codegen/gemm_configs.gemm_candida
 (torch.matmul + the epilogue, and any claimed amax, as further launches); the autotuner picks per
 shape on a GPU. Without timing, the first candidate wins: the tiled fused Triton GEMM when it
 covers the group (build option gemm_variant="persistent"|"streamk"|"splitk"|"tiled" keeps only
-that kind).
+that kind; "streamk" with settings.gemm_streamk on).
 
 Build time: gemm_configs keeps few candidates (by the cost model and the shape), a launch-bound
 GEMM (floor under settings.tune_min_floor_us) is not timed (but one whose floor is above

@@ -173,7 +173,7 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
         "splitk": ((partial, finish), HEADER + _GemmWriter(group, partial).write_split_partial() + "\n\n"
                    + _GemmWriter(group, finish).write_split_finish()),
     }
-    if not tiled.geo.batch:   # stream-K shares the last wave's tiles out over the programs of one batch entry
+    if settings.gemm_streamk and not tiled.geo.batch:   # the last wave shared out over one batch entry's programs
         variants["streamk"] = ((f"{name}_streamk",),
                                HEADER + _GemmWriter(group, f"{name}_streamk").write_persistent(streamk=True))
     if gemv_covers(tiled.geo):
