@@ -120,7 +120,7 @@ _register("gemm_tma_store", bool, lambda: True,
 _register("gemm_streamk", bool, lambda: False,
           "Large GEMMs whose last wave of tiles leaves SMs idle also get a stream-K candidate (the persistent "
           "kernel with the last wave's tiles shared out by K through fp32 partials). Off by default: on the H200 "
-          "its partials' traffic made it 16-24% slower on GPT-2's K=768 GEMMs, and its 1-2% on gelu_mlp's "
+          "GPT-2's K=768 GEMMs took 18-24% longer with it (its partials' traffic), and its 1-2% on gelu_mlp's "
           "first GEMM was within the run-to-run spread (bench/streamk_gpu.py, results/streamk_*.txt). A stream-K "
           "kernel's tile counters persist between its launches, so one compiled plan must not run on two streams "
           "at once. Off, the stream-K source is not generated (build option gemm_variant='streamk' needs it on).")

@@ -143,8 +143,12 @@ class GemmLaunch:
                 consts = dict(consts, USE_TMA=False)
             elif self.device.type == "cuda":
                 _set_tma_allocator()                   # this thread's (Triton's allocator is per thread)
-        self.fn[self.grid](*args, *outs, *self._streamk_args(), **consts, num_warps=self.num_warps,
-                           num_stages=self.num_stages, **self.launch_options)
+        if self.sk_tiles:   # stream-K: its workspace and counters after the outputs
+            self.fn[self.grid](*args, *outs, *self._streamk_args(), **consts, num_warps=self.num_warps,
+                               num_stages=self.num_stages, **self.launch_options)
+            return self._finish(outs)
+        self.fn[self.grid](*args, *outs, **consts, num_warps=self.num_warps, num_stages=self.num_stages,
+                           **self.launch_options)
         return self._finish(outs)
 
 

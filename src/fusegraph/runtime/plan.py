@@ -193,14 +193,26 @@ class Plan:
         """Execute on positional inputs; returns outputs in set_output order."""
         return self._run_fast(inputs)
 
-    def run_slow(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The same as run(), interpreted step by step (what _compile_run generates)."""
+    def run_slow(self, inputs: Sequence[torch.Tensor],
+                 times: list[tuple[str, float]] | None = None) -> list[torch.Tensor]:
+        """The same as run(), interpreted step by step (what _compile_run generates). With `times`,
+        each launch is synchronized and timed (wall seconds, the device's work included) and
+        (kernel name and backend, seconds) appended: FUSEGRAPH_PROFILE_BUILD's first-call report,
+        where a first launch pays its library setup and module loading."""
         if not self._matches(inputs):
             return self._other_signature(inputs)
+        sync = torch.cuda.synchronize if times is not None and self._cuda and torch.cuda.is_available() \
+            else (lambda: None)
         buf: list[Any] = list(inputs)
         buf.extend([None] * (self._num_slots - len(buf)))
-        for launch, ins, outs, frees in self._steps:
+        for (launch, ins, outs, frees), (kernel, _, _) in zip(self._steps, self._schedule, strict=True):
+            if times is not None:
+                sync()
+                start = time.perf_counter()
             results = launch([buf[i] for i in ins])
+            if times is not None:
+                sync()
+                times.append((f"{kernel.name} {kernel.backend}", time.perf_counter() - start))
             for k, r in zip(outs, results, strict=True):
                 buf[k] = r
             for i in frees:
@@ -208,24 +220,9 @@ class Plan:
         return fresh_outputs([buf[k] for k in self._out_slots], self._out_slots, len(inputs))
 
     def run_timed(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple[str, float]]]:
-        """run_slow with each launch synchronized and timed (wall seconds, the device's work included):
-        the outputs and (kernel name and backend, seconds) per launch. For FUSEGRAPH_PROFILE_BUILD's
-        first-call report: a first launch pays its library setup and module loading."""
-        sync = torch.cuda.synchronize if self._cuda and torch.cuda.is_available() else (lambda: None)
-        buf: list[Any] = list(inputs)
-        buf.extend([None] * (self._num_slots - len(buf)))
+        """run_slow with each launch timed: the outputs and the launches' (label, seconds)."""
         times: list[tuple[str, float]] = []
-        for (launch, ins, outs, frees), (kernel, _, _) in zip(self._steps, self._schedule, strict=True):
-            sync()
-            start = time.perf_counter()
-            results = launch([buf[i] for i in ins])
-            sync()
-            times.append((f"{kernel.name} {kernel.backend}", time.perf_counter() - start))
-            for k, r in zip(outs, results, strict=True):
-                buf[k] = r
-            for i in frees:
-                buf[i] = None
-        return fresh_outputs([buf[k] for k in self._out_slots], self._out_slots, len(inputs)), times
+        return self.run_slow(inputs, times), times
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expect):
