@@ -1,0 +1,148 @@
+"""Two GEMM programs an SM against one: does a second resident program hide the epilogue?
+
+Our persistent GEMM (one 128x256 program an SM, 8 warps) runs each tile's epilogue (bias, activation,
+the store) on the warps that run its MMAs, so the tensor cores idle meanwhile. gelu_mlp's first GEMM
+(K = 4096, a tanh-GELU epilogue on 4096 output tiles) runs ~10% below its second (K = 16384, 1024
+tiles) for the same FLOPs. With two programs resident on an SM, one program's epilogue can overlap the
+other's main loop, as CUTLASS's ping-pong kernels arrange with two consumer warpgroups. Triton 3.6 has
+no warp specialization on Hopper; residency is the tool it has: tiles small enough (shared memory
+<= ~113 KB, registers <= 32K a program) that two fit.
+
+For each case (gemm_tune_gpu.py's GEMMs) the forms below are checked against cuBLAS and timed in
+alternation for ROUNDS rounds (tune.bench_ms: L2 flushed, median call): the table gives the median
+over rounds, the best, the ratio to the offered persistent config, and per form registers, spills,
+shared memory and the programs an SM those allow.
+
+    PYTHONPATH=src python bench/gemm_occupancy_gpu.py [--only mlp1,mlp2,gpt2] [--cases gelu_mlp_gemm1,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_tune_gpu as G
+
+from fusegraph.backends import cublas
+from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _LazyEpilogue, check_same
+from fusegraph.codegen.compile import load_triton_function
+from fusegraph.codegen.matmul import generate_gemm
+from fusegraph.tune import bench_ms
+from fusegraph.tune.precompile import compile_in_parallel
+
+ROUNDS = 5
+SMEM_PER_SM = 228 * 1024     # H100/H200: 228 KiB a SM, 227 KiB a block at most
+REGS_PER_SM = 65536
+# (label, tile M, N, K, warps, stages, TMA, programs an SM)
+FORMS = (
+    ("1x 128x128x64 w4 s4 tma", 128, 128, 64, 4, 4, True, 1),
+    ("2x 128x128x64 w4 s2 tma", 128, 128, 64, 4, 2, True, 2),
+    ("2x 128x128x64 w4 s3", 128, 128, 64, 4, 3, False, 2),
+    ("2x 128x128x32 w4 s4 tma", 128, 128, 32, 4, 4, True, 2),
+    ("2x 128x128x64 w8 s2 tma", 128, 128, 64, 8, 2, True, 2),
+    ("2x 128x128x32 w8 s4 tma", 128, 128, 32, 8, 4, True, 2),
+    ("2x 128x256x32 w8 s2 tma", 128, 256, 32, 8, 2, True, 2),
+    ("2x 64x256x64 w4 s2 tma", 64, 256, 64, 4, 2, True, 2),
+)
+
+
+def _resources(launch: GemmLaunch, args: list[torch.Tensor], warps: int) -> tuple[str, int]:
+    """'regs R spills S smem B' and the programs an SM those allow (0 when unknown)."""
+    try:
+        kernel = launch.warmup_jobs(args)[0]()
+        kernel._init_handles()
+        smem = int(getattr(kernel.metadata, "shared", 0))
+        fit = min(SMEM_PER_SM // max(1, smem + 1024), REGS_PER_SM // max(1, kernel.n_regs * 32 * warps))
+        return f"regs {kernel.n_regs:3d} spills {kernel.n_spills:3d} smem {smem // 1024:3d} KiB -> {fit}/SM", fit
+    except Exception as err:  # a diagnosis, not the measurement
+        return f"(resources: {type(err).__name__})", 0
+
+
+def run_case(label: str, build: Any, flops: int) -> list[str]:
+    group, _ = G.matmul_group(build, "bfloat16", label)
+    name = f"occ_{label}"
+    gen = generate_gemm(group, name)
+    configs = _gemm_candidates(gen, "cuda", group)
+    offered = next((c for c in configs if c.get("VARIANT") == "persistent"), None)
+    if offered is None:
+        return [f"{label}: no persistent candidate"]
+    sms = int(offered["NUM_PROGRAMS"])
+    forms: list[tuple[str, dict[str, Any], int]] = [
+        (f"offered {offered['BLOCK_M']}x{offered['BLOCK_N']}x{offered['BLOCK_K']} w{offered['num_warps']} "
+         f"s{offered['num_stages']}" + (" tma" if offered.get("USE_TMA") else ""), offered, int(offered["num_warps"]))]
+    for tag, bm, bn, bk, warps, stages, tma, per_sm in FORMS:
+        c = dict(offered, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                 USE_TMA=tma, NUM_PROGRAMS=sms * per_sm)
+        forms.append((tag, c, warps))
+    args = G.inputs(group, "cuda")
+    epilogue = None if not group.epilogue_nodes else _LazyEpilogue(group, name, "float32", "cuda", {})
+    library = cublas.cublas_launch(group, epilogue, [])
+    expected = library(args)
+    fn = load_triton_function(gen.source, gen.name)
+    launches = [(tag, GemmLaunch(fn, gen, c, "cuda"), warps) for tag, c, warps in forms]
+    compile_in_parallel([j for _, ln, _ in launches for j in ln.warmup_jobs(args)])
+    rows = [f"{label}: {gen.geometry.m}x{gen.geometry.n}x{gen.geometry.k} ({'+'.join(n.op for n in group.nodes)}), "
+            f"{sms} SMs"]
+    times: dict[str, list[float]] = {"cuBLAS + epilogue": []}
+    notes: dict[str, str] = {"cuBLAS + epilogue": "library candidate"}
+    timed: list[tuple[str, Any]] = [("cuBLAS + epilogue", library)]
+    for tag, launch, warps in launches:
+        try:
+            check_same(launch(args), expected, f"{label} {tag}", True)
+            notes[tag], _ = _resources(launch, args, warps)
+            times[tag] = []
+            timed.append((tag, launch))
+        except Exception as err:
+            notes[tag] = f"ERROR {type(err).__name__}: {str(err)[:160]}"
+    for _ in range(ROUNDS):   # in alternation, so drift falls on every form alike
+        for tag, launch in timed:
+            times[tag].append(bench_ms(lambda launch=launch: launch(args)))
+    base_tag = launches[0][0]
+    base = statistics.median(times[base_tag]) if times.get(base_tag) else None
+    for tag in ["cuBLAS + epilogue", *(t for t, _, _ in launches)]:
+        if tag not in times:
+            rows.append(f"  {tag:<28} {notes[tag]}")
+            continue
+        med, best = statistics.median(times[tag]), min(times[tag])
+        ratio = f"{base / med:6.3f}x" if base else ""
+        rows.append(f"  {tag:<28} median {med * 1e3:8.1f} us (best {best * 1e3:8.1f}) "
+                    f"{flops / med / 1e9:6.1f} TFLOP/s {ratio}  {notes[tag]}")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="mlp1,mlp2,gpt2")
+    parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
+    opts = parser.parse_args()
+    start = time.perf_counter()
+    lines = [f"# python bench/gemm_occupancy_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}"]
+    for group_name in opts.only.split(","):
+        for label, build, flops in G.cases(False).get(group_name, []):
+            if opts.cases and label not in opts.cases.split(","):
+                continue
+            try:
+                rows = run_case(label, build, flops)
+            except Exception as err:
+                rows = [f"{label}: ERROR {type(err).__name__}: {str(err)[:300]}"]
+            print("\n".join(rows), flush=True)
+            lines += rows
+    lines.append(f"total {time.perf_counter() - start:.1f} s")
+    print(lines[-1])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"gemm_occupancy_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
