@@ -528,10 +528,28 @@ def test_profiled_builds_report_where_the_first_calls_went(fake_cuda: None, prof
     assert run_s > 0.0 and round(plan.cuda_graph.first_run_s, 3) == run_s
     assert "; capture: side-stream warm-up 0.000 s, capture 0.000 s" in line   # the stand-in capture times nothing
     names = [k.name for k in plan.kernels]
-    assert [label.split(" ")[0] for label, _ in plan.cuda_graph.first_run_kernels] == names   # every launch, in order
+    assert [label.split(" ")[0].split("[")[0] for label, _ in plan.cuda_graph.first_run_kernels] == names  # in order
     assert all(seconds >= 0.0 for _, seconds in plan.cuda_graph.first_run_kernels)
     assert "  first run by backend: " in err and "  slowest first launches: " in err
     assert_close(plan(x, w)[0], eager(x, w)[0])      # the timed first run computed what the plain one does
+
+
+def test_timed_run_names_a_grouped_convolution() -> None:
+    """run_timed labels each launch 'name[detail] backend': a grouped convolution says its groups (a
+    chosen library candidate would be named too), a plain kernel only its name."""
+    g = fg.Graph("dw")
+    x = g.tensor((2, 8, 6, 6), "float32", "x")
+    y = g.conv2d(x, g.tensor((8, 1, 3, 3), "float32", "w"), padding=1, groups=8)
+    g.relu(g.add(y, g.tensor((2, 8, 6, 6), "float32", "r"))).set_output()
+    plan = g.build(device="cpu")
+    feeds = [rand(2, 8, 6, 6), rand(8, 1, 3, 3), rand(2, 8, 6, 6)]
+    outs, times = plan.run_timed(feeds)
+    assert_close(outs[0], plan(*feeds))
+    labels = [label for label, _ in times]
+    assert len(labels) == len(plan.kernels)
+    conv = [label for label, k in zip(labels, plan.kernels, strict=True) if k.kind == "convolution"]
+    assert conv and all("[groups=8] " in label for label in conv)
+    assert all(label.rsplit(" ", 1)[-1] == k.backend for label, k in zip(labels, plan.kernels, strict=True))
 
 
 def test_first_run_summary_groups_launches_by_backend() -> None:

@@ -212,7 +212,8 @@ class Plan:
             results = launch([buf[i] for i in ins])
             if times is not None:
                 sync()
-                times.append((f"{kernel.name} {kernel.backend}", time.perf_counter() - start))
+                label = f"{kernel.name}{_first_run_detail(kernel)} {kernel.backend}"
+                times.append((label, time.perf_counter() - start))
             for k, r in zip(outs, results, strict=True):
                 buf[k] = r
             for i in frees:
@@ -303,3 +304,11 @@ def fresh_outputs(values: list[Any], keys: Sequence[int], num_inputs: int) -> li
         out.append(value.clone() if key < num_inputs or key in seen else value)
         seen.add(key)
     return out
+
+
+def _first_run_detail(kernel: Any) -> str:
+    """What a first-run report names beside a kernel: its chosen library candidate and, for a
+    grouped convolution, its groups (the slow first launches are library plan set-up)."""
+    candidate = (kernel.config or {}).get("candidate") if isinstance(kernel.config, dict) else None
+    groups = next((int(n.attrs.get("groups", 1)) for n in kernel.nodes if n.op.startswith("conv2d")), 1)
+    return (f"[{candidate}]" if candidate else "") + (f"[groups={groups}]" if groups > 1 else "")
