@@ -115,8 +115,9 @@ def test_the_inner_plans_candidates_are_precompiled_with_the_outer_plan(monkeypa
 
     asked: list[tuple[Any, str, str]] = []
 
-    def jobs(item: Any, name: str, device: str, seen: Any) -> list[str]:
+    def jobs(item: Any, name: str, device: str, seen: Any, candidates: str = "full") -> list[str]:
         asked.append((item, name, device))
+        assert candidates == "conv"      # the inner plan's GEMM candidate set
         return [f"compile {name}"]
 
     monkeypatch.setattr(matmul_kernel, "gemm_warmup_jobs", jobs)
@@ -136,3 +137,33 @@ def test_the_inner_plans_candidates_are_precompiled_with_the_outer_plan(monkeypa
     seen: set[str] = set()
     twice = plan_precompile.precompile_jobs([_group("none"), _group("none")], "cuda", {}, "float32", seen)
     assert len(asked) == 1 and twice == ["compile fg_k0_matmul"]      # a repeated block's twin adds nothing
+
+
+def test_the_inner_gemm_plan_takes_the_conv_candidate_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner plan's GEMM is offered the "conv" candidate set (codegen/gemm_configs.GEMM_CANDIDATE_SETS:
+    no tiled TMA config, one persistent config), both where the outer plan precompiles it and where it is
+    built; an ordinary plan's GEMM keeps the full set."""
+    from fusegraph.backends import matmul_kernel
+    from fusegraph.backends.plan_precompile import conv_gemm_warmup_jobs
+
+    asked: list[str] = []
+    real = matmul_kernel._gemm_candidates
+
+    def spy(gen: Any, device: str, group: Any, candidates: str = "full") -> Any:
+        asked.append(candidates)
+        return real(gen, device, group, candidates)
+
+    monkeypatch.setattr(matmul_kernel, "_gemm_candidates", spy)
+    group = _group("relu")
+    conv_gemm_warmup_jobs(group, 0, "cuda", "float32", set())   # the outer plan precompiles it (here: planned)
+    assert asked and set(asked) == {"conv"}
+    launch = library_candidates(group, "cuda", "k", "float32", _epilogue_kernel(group))["conv_as_gemm"]
+    launch.device = "cpu"
+    conv_gemm._PLANS.pop(launch.plan_key(), None)
+    launch.prepare()                                             # the inner plan's build
+    assert asked and set(asked) == {"conv"}
+    asked.clear()
+    g = fg.Graph("mm")
+    g.matmul(g.tensor((64, 32), "float16", "a"), g.tensor((32, 48), "float16", "b")).set_output()
+    g.build(device="cpu")
+    assert asked and set(asked) == {"full"}

@@ -95,6 +95,34 @@ def test_tma_store_tiles_fit_beside_the_pipeline(store_itemsize):
     assert plain == [c for c in gemm_candidates(geo, tma=True) if not c.get("USE_TMA")]
 
 
+@pytest.mark.parametrize("mnk", [(50176, 256, 64), (12544, 2048, 512), (8192, 3072, 768)])
+def test_the_conv_candidate_set_drops_tiled_tma_and_keeps_one_persistent_config(mnk):
+    """A 1x1 convolution's inner GEMM (build option gemm_candidates="conv") compiles the pointer-path
+    tiles and the first persistent config only: in recorded cold compiles of ResNet-50, MobileNetV3 and
+    ConvNeXt a tiled TMA config never won there. The full set (linear layers) is unchanged."""
+    from fusegraph.codegen.gemm_configs import CONV_PERSISTENT_CANDIDATES, gemm_candidates
+
+    geo = geometry(*mnk)
+    full = gemm_candidates(geo, tma=True, store_itemsize=2)
+    conv = gemm_candidates(geo, tma=True, store_itemsize=2, candidates="conv")
+    tiled_tma = [c for c in full if c.get("USE_TMA") and c.get("VARIANT", "tiled") == "tiled"]
+    persistent = [c for c in full if c.get("VARIANT") == "persistent"]
+    assert tiled_tma and len(persistent) > CONV_PERSISTENT_CANDIDATES    # what the full set offers here
+    assert conv == [c for c in full if c not in tiled_tma and c not in persistent[CONV_PERSISTENT_CANDIDATES:]]
+    assert [c for c in conv if c.get("VARIANT") == "persistent"] == persistent[:CONV_PERSISTENT_CANDIDATES]
+
+
+def test_an_unknown_gemm_candidate_set_is_a_clear_error():
+    from fusegraph.codegen.gemm_configs import candidate_set
+    from fusegraph.errors import InvalidValueError
+
+    assert candidate_set({}) == "full" and candidate_set({"gemm_candidates": "conv"}) == "conv"
+    g = fg.Graph("mm")
+    g.matmul(g.tensor((8, 16), "float32", "a"), g.tensor((16, 4), "float32", "b")).set_output()
+    with pytest.raises(InvalidValueError, match="gemm_candidates='wide'"):
+        g.build(device="cpu", gemm_candidates="wide")
+
+
 def test_tiny_problem_keeps_one_tile():
     configs = gemm_configs(geometry(8, 32, 16, (4,)))
     assert tiles(configs) == [(16, 32, 16, False)]

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .codegen.gemm_configs import candidate_set
 from .errors import ExecutionError, FusegraphError, InvalidValueError, where
 from .ir.graph import Graph
 from .ir.node import Node
@@ -59,11 +60,15 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     misaligned large ones get them, passes/pad_align.py; the torch backend's saved activations),
     layout_outputs (positions of 4-D outputs the caller takes in the layout the layout pass chose for
     them, reading the returned strides: channels-last ones are not copied back to row-major; the
-    torch backend's saved activations, which the backward's plan then reads channels-last).
+    torch backend's saved activations, which the backward's plan then reads channels-last),
+    gemm_variant ("tiled", "persistent", "streamk", "splitk" or "gemv": only that kind of generated GEMM
+    candidate beside cuBLAS), gemm_candidates ("full", the default; "conv": the smaller set that 1x1
+    convolutions' inner GEMM plans use, codegen/gemm_configs.GEMM_CANDIDATE_SETS).
     """
     device = default_device(device)
     start_triton_warmup(device)   # Triton's import and CUDA driver start overlap the passes (tune/precompile.py)
     check_graph_outputs(options.get("graph_outputs", "copy"))
+    candidate_set(options)   # raises on an unknown gemm_candidates
     if options.get("cuda_graphs") not in (None, True, False):
         raise InvalidValueError(f"build option cuda_graphs={options['cuda_graphs']!r}: use True, False or None "
                                 f"(automatic)")

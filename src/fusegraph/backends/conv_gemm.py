@@ -35,7 +35,9 @@ from . import triton_conv
 DTYPES = ("float16", "bfloat16")
 MAX_SHARED_PLANS = 256
 _PLANS: dict[tuple[Any, ...], Any] = {}     # inner plans by GEMM shape and epilogue form (ConvAsGemm.prepare)
-INNER_OPTIONS: dict[str, Any] = {"cuda_graphs": False}   # how inner plans are built (the outer plan may capture)
+# how inner plans are built: no CUDA graph (the outer plan may capture), the GEMM candidate set that
+# 1x1 convolutions' recorded choices support (codegen/gemm_configs.GEMM_CANDIDATE_SETS)
+INNER_OPTIONS: dict[str, Any] = {"cuda_graphs": False, "gemm_candidates": "conv"}
 
 
 def debug(name: str, why: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..codegen.compile import interpreting, load_triton_function
+from ..codegen.gemm_configs import candidate_set
 from ..codegen.matmul import (
     GeneratedGemm,
     gemm_candidates,
@@ -192,7 +193,7 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
                     inputs=tuple(group.inputs), outputs=tuple(group.outputs), cost=cost, launch=library,
                     source=cublas.describe(group, own, split))
     kernel = _matmul_kernel(kernel, group, name, compute_dtype, device, library, reference_launch,
-                            options.get("gemm_variant"), own, split)
+                            options.get("gemm_variant"), own, split, candidate_set(options))
     if kernel.backend == "cublas" and device.startswith("cuda") and own is None:
         for part in ([epilogue] if epilogue is not None else []) + reductions:
             part.build()  # generated and compiled now, not at the first call (or in a CUDA-graph capture)
@@ -203,11 +204,13 @@ def matmul_group_kernel(group: MatmulGroup, name: str, compute_dtype: str, devic
 
 def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype: str, device: str,
                    library: Any, reference_launch: Any, variant: str | None = None,
-                   own: cublas.OwnEpilogue | None = None, split: cublas.BiasFirst | None = None) -> Kernel:
+                   own: cublas.OwnEpilogue | None = None, split: cublas.BiasFirst | None = None,
+                   candidates: str = "full") -> Kernel:
     """`variant` (build option gemm_variant: "tiled", "persistent", "streamk", "splitk" or "gemv"): only
     that kind's candidates (and cuBLAS) are considered; none of that kind: the usual candidates. Without one, a
     GEMM the GEMV kernel covers takes it by rule (`_gemv_rule`). `own`: the epilogue cuBLAS computes
-    itself (the library candidate is one launch); `split`: its bias, the rest a second launch."""
+    itself (the library candidate is one launch); `split`: its bias, the rest a second launch.
+    `candidates`: the candidate set (build option gemm_candidates, gemm_configs.GEMM_CANDIDATE_SETS)."""
     identity = not group.epilogue_nodes or own is not None
     described = cublas.describe(group, own, split)
     form = cublas.form_of(own, split)
@@ -227,7 +230,7 @@ def _matmul_kernel(kernel: Kernel, group: MatmulGroup, name: str, compute_dtype:
         kernel.note = (f"cuBLAS: {gen.geometry.m} row(s) <= gemm_library_max_m, a weight-streaming GEMV"
                        + ("" if identity else " (epilogue as a second launch)"))
         return kernel
-    configs = gemv or _gemm_candidates(gen, device, group)
+    configs = gemv or _gemm_candidates(gen, device, group, candidates)
     if variant is not None:
         configs = [c for c in configs if c.get("VARIANT", "tiled") == variant] or configs
     kernel.source, kernel.backend = gen.source_of(configs[0].get("VARIANT", "tiled")), "triton"
@@ -324,14 +327,15 @@ def _choose(kernel: Kernel, gen: GeneratedGemm, fn: Any, configs: list[dict[str,
     return dict(result.config.values)
 
 
-def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] | None = None) -> list[Any]:
+def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] | None = None,
+                     candidates: str = "full") -> list[Any]:
     """Compile jobs (tune/precompile.py) for the Triton candidates this GEMM's build will compile:
     the first config when it is launch-bound or autotuning is off, the memo/disk-cached choice when
     there is one, else every kept config; [] when it has no Triton GEMM, or when `seen` already has
     its sources (the same GEMM in another layer)."""
     from .plan_precompile import first_time
 
-    gen, configs, _ = build_preview(group, name, device)
+    gen, configs, _ = build_preview(group, name, device, candidates)
     if gen is None or not first_time(gen.all_sources, seen) or not configs:
         return []
     fn = load_triton_function(gen.source, name)
@@ -339,8 +343,8 @@ def gemm_warmup_jobs(group: MatmulGroup, name: str, device: str, seen: set[str] 
     return [job for c in configs for job in GemmLaunch(fn, gen, c, device).warmup_jobs(args)]
 
 
-def build_preview(group: MatmulGroup, name: str,
-                  device: str) -> tuple[GeneratedGemm | None, list[dict[str, Any]], bool]:
+def build_preview(group: MatmulGroup, name: str, device: str,
+                  candidates: str = "full") -> tuple[GeneratedGemm | None, list[dict[str, Any]], bool]:
     """What matmul_group_kernel will compile and run for this GEMM, decided as it decides (without
     timing anything): (the generated GEMM or None, the Triton configs it compiles, whether it runs
     the cuBLAS candidate: chosen by rule or cache, or timed, when it is also the baseline every Triton
@@ -355,7 +359,7 @@ def build_preview(group: MatmulGroup, name: str,
         return gen, gemv[:1], False
     if device.startswith("cuda") and _library_only(gen) and gemm_backend() == "auto":
         return gen, [], True
-    configs = _gemm_candidates(gen, device, group)
+    configs = _gemm_candidates(gen, device, group, candidates)
     shape = Kernel(name=name, kind="matmul", backend="triton", nodes=tuple(group.nodes), inputs=tuple(group.inputs),
                    outputs=tuple(group.outputs), cost=matmul_group_cost(group), launch=lambda args: [])
     floor = floor_ms_of(shape)
@@ -372,13 +376,13 @@ def build_preview(group: MatmulGroup, name: str,
     return gen, configs, True
 
 
-def cublas_second_launch(group: MatmulGroup, name: str, device: str) -> Any:
+def cublas_second_launch(group: MatmulGroup, name: str, device: str, candidates: str = "full") -> Any:
     """The kernel group the build runs as the cuBLAS candidate's second launch, our generated kernel
     named `{name}_epilogue` (compiled then, unless precompiled with the plan): the group's epilogue,
     or the rest of it after a bias cuBLAS adds (cublas.bias_first); None when there is none."""
     if not group.epilogue_nodes or not device.startswith("cuda") or cublas.own_epilogue(group, device) is not None:
         return None
-    if not build_preview(group, name, device)[2]:
+    if not build_preview(group, name, device, candidates)[2]:
         return None
     split = cublas.bias_first(group, device)
     return group.epilogue if split is None else split.rest
@@ -449,13 +453,16 @@ def _tune_key(gen: GeneratedGemm, device: str, form: str | None = None) -> dict[
     return key
 
 
-def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup) -> list[dict[str, Any]]:
+def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup,
+                     candidates: str = "full") -> list[dict[str, Any]]:
     """Tiled, persistent (stream-K with settings.gemm_streamk) and split-K configs of this GEMM on
-    `device` (warp specialization only where Triton 3.6 supports it: Blackwell, compute capability >= 10)."""
+    `device` (warp specialization only where Triton 3.6 supports it: Blackwell, compute capability >= 10),
+    from the candidate set `candidates` (gemm_configs.GEMM_CANDIDATE_SETS)."""
     return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
                            warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize,
-                           streamk=settings.gemm_streamk and "streamk" in gen.variants)
+                           streamk=settings.gemm_streamk and "streamk" in gen.variants, candidates=candidates)
+
 
 
 def _capability(device: str) -> int:

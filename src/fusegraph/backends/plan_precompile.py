@@ -55,9 +55,10 @@ def _second_launch_jobs(item: Any, k: int, name: str, device: str, options: dict
                         seen: set[str]) -> list[Any]:
     """The compile jobs of the cuBLAS candidate's second launch (matmul_kernel.cublas_second_launch:
     the epilogue, or what follows a bias cuBLAS adds), [] when that candidate has none or does not run."""
+    from ..codegen.gemm_configs import candidate_set
     from .matmul_kernel import cublas_second_launch
 
-    second = cublas_second_launch(item, name, device)
+    second = cublas_second_launch(item, name, device, candidate_set(options))
     return [] if second is None else fused_warmup_jobs(second, k, device, options, seen=seen, name=f"{name}_epilogue")
 
 
@@ -65,6 +66,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
                     seen: set[str]) -> list[Any]:
     """The compile jobs of a plan's items (kernel k named as lower_fused names it), none for a kernel
     `seen` already holds."""
+    from ..codegen.gemm_configs import candidate_set
     from ..fusion.epilogue import ConvGroup, MatmulGroup
     from ..fusion.partition import KernelGroup, RowColumnGroup
     from ..ir.node import Node
@@ -84,7 +86,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     for k, item in enumerate(items):
         if isinstance(item, MatmulGroup):
             name = f"fg_k{k}_matmul"
-            add(k, gemm_warmup_jobs, item, name, device, seen)
+            add(k, gemm_warmup_jobs, item, name, device, seen, candidate_set(options))
             add(k, _second_launch_jobs, item, k, name, device, options, seen)   # the cuBLAS candidate's second launch
         elif isinstance(item, RowColumnGroup):
             add(k, row_column_warmup_jobs, item, k, device, options, seen)

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidValueError
 from .configs import next_pow2
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Hopper-friendly tiles, best guess first.
@@ -44,6 +45,16 @@ SMALL_PROBLEM_TRITON = 3    # Triton candidates of a problem too small to fill t
 LARGE_PROBLEM_TRITON = 3    # pointer-path candidates of a larger one (+ 1 TMA + cuBLAS: 5)
 LARGE_PROBLEM_TMA = 1
 PERSISTENT_CANDIDATES = 2   # persistent candidates of a problem with more than one wave of tiles
+# The candidate set of a 1x1 convolution's inner GEMM (build option gemm_candidates="conv",
+# backends/conv_gemm.INNER_OPTIONS): the pointer-path tiles and one persistent config, no tiled TMA
+# config. In the cold compiles of ResNet-50 (twice), MobileNetV3-large and ConvNeXt-nano (40 inner
+# GEMMs with every candidate timed: results/choices_resnet50_20261202_0529.txt,
+# choices_zoo_*_20261202_1410.txt; bench/choices_ranks.py) a tiled TMA config never won, and the
+# second persistent config won once (ConvNeXt-nano, 0.8% of its GEMM time); this set compiles 11 to
+# 35 fewer candidates a model (MobileNetV3 49 -> 38, ConvNeXt-nano 66 -> 44, ResNet-50 100-107 -> 71-72).
+# Linear layers keep the full set: GPT-2's LM head takes a TMA tile.
+GEMM_CANDIDATE_SETS = ("full", "conv")
+CONV_PERSISTENT_CANDIDATES = 1
 STREAMK_MIN_IDLE = 0.02     # stream-K is a candidate when the persistent kernel's last wave idles >= this
                             # share of its SM time (tiles not a multiple of the programs) ...
 STREAMK_CANDIDATES = 1      # ... built on this many of the best persistent configs
@@ -232,15 +243,27 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
     return out[:SPLIT_K_CANDIDATES]
 
 
+def candidate_set(options: dict[str, Any]) -> str:
+    """The build option gemm_candidates ("full" by default; "conv" for a 1x1 convolution's inner GEMM
+    plan, backends/conv_gemm.INNER_OPTIONS), checked: InvalidValueError names an unknown one."""
+    chosen = options.get("gemm_candidates", "full")
+    if chosen not in GEMM_CANDIDATE_SETS:
+        raise InvalidValueError(f"build option gemm_candidates={chosen!r}: use one of {', '.join(GEMM_CANDIDATE_SETS)}")
+    return str(chosen)
+
+
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
                     warp_specialize: bool = False, store_itemsize: int = 0,
-                    streamk: bool = False) -> list[dict[str, Any]]:
+                    streamk: bool = False, candidates: str = "full") -> list[dict[str, Any]]:
     """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K (with `streamk`),
     then split-K. `store_itemsize`: bytes per element of the outputs the TMA path stores through
-    descriptors."""
-    return (gemm_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
-            + persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
-                                 store_itemsize=store_itemsize)
+    descriptors. `candidates` "conv" (a 1x1 convolution's inner GEMM): no tiled TMA config and
+    CONV_PERSISTENT_CANDIDATES persistent ones (see GEMM_CANDIDATE_SETS)."""
+    conv = candidate_set({"gemm_candidates": candidates}) == "conv"
+    persistent = persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
+                                    store_itemsize=store_itemsize)
+    return (gemm_configs(geometry, tma and not conv, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
+            + (persistent[:CONV_PERSISTENT_CANDIDATES] if conv else persistent)
             + (streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
                if streamk else [])
             + split_k_configs(geometry, sms=sms, itemsize=itemsize))
