@@ -130,8 +130,8 @@ def conv_group_kernel(group: ConvGroup, name: str, compute_dtype: str, device: s
 LIBRARY_SOURCES = {
     "cudnn_convolution_relu": "# torch.cudnn_convolution_relu: {op} + bias + relu in one cuDNN call, {layout}",
     "cudnn_frontend_epilogue": "# cuDNN frontend graph (Graph API), one fused plan, NHWC: {act}",
-    "triton_conv": "# our Triton {op} ({layout}), then the group's epilogue: {act}",
-    "triton_conv_fused": "# our Triton {op} ({layout}), the epilogue fused into its store: {act}",
+    "triton_conv": "# our Triton implicit-GEMM {op} ({layout}), then the group's epilogue: {act}",
+    "triton_conv_fused": "# our Triton implicit-GEMM {op} ({layout}), the epilogue fused into its store: {act}",
     "conv_as_gemm": "# {op} 1x1 as a GEMM over the {layout} operands, planned by fusegraph: {act}",
 }
 

@@ -42,19 +42,8 @@ offered: on ResNet-50's ten 1x1 shapes (b128, bf16) it ran at 0.51-1.02x cuDNN o
 doubled the cold compile (`bench/stem_conv_gpu.py --pointwise`, bench/results/pointwise_conv_*);
 configs() still lists it for them, so that benchmark can time it.
 
-A fifth variant, "depthwise" (its own kernel, fg_conv2d_depthwise), serves depthwise convolutions
-(groups == C_in == C_out, one KH x KW filter a channel: MobileNet's and EfficientNet's): no GEMM and no
-tensor cores, a memory-bound stencil. A program takes BLOCK_M output pixels x BLOCK_N channels and, per
-tap, loads a [BLOCK_M, BLOCK_N] tile of x (channels contiguous in NHWC) and multiplies it by the tap's
-weight row; neighbouring pixels share most of their windows, so x comes from memory about once. The
-same fused epilogue follows. Besides the store it saves, it avoids cuDNN's depthwise set-up: on the
-H200 (cuDNN 9.19, bf16 NHWC) each distinct depthwise shape's first call took 0.16-1.2 s and again
-0.15-0.25 s on every other thread (MobileNetV3-large b64: 4.4 s for its 12 shapes;
-bench/results/cudnn_first_call_mobilenet_v3_large_20261202_2023.txt), which a warm compile's first run
-paid again (2.2 s of 10.3).
-
-Where it is offered (`unsupported`): conv2d, fp16/bf16/fp32, and groups == 1 with C_in <= MAX_C_IN
-(16), or depthwise. Why narrow input channels: cuDNN's tensor-core convolutions vectorize the channel dimension
+Where it is offered (`unsupported`): conv2d, groups == 1, fp16/bf16/fp32, and C_in <= MAX_C_IN
+(16). Why narrow input channels: cuDNN's tensor-core convolutions vectorize the channel dimension
 per filter tap (C padded to 8 or more per (kh, kw)), so a 3-channel stem wastes most of its K and
 runs near CUDA-core speed: ResNet-50's stem (b128, 3->64, 7x7/2, bf16 NHWC) takes 0.88 ms on the
 H200 against a 0.05 ms floor, and zero-padding C to 4 or 8 does not help it. Here K = 7*7*3 = 147
@@ -82,11 +71,10 @@ from ..settings import settings
 from . import triton_conv_pad as pad
 
 KERNEL_NAME = "fg_conv2d_implicit_gemm"
-DEPTHWISE_KERNEL_NAME = "fg_conv2d_depthwise"
 MAX_C_IN = 16
 DTYPES = ("float16", "bfloat16", "float32")
-VARIANTS = ("direct", "padded", "gemm", "s2d", "depthwise")   # config key VARIANT; see the module doc
-TUNING_VERSION = 5                # in the tuning key: 2 = configs carry VARIANT, 3 = gemm, 4 = s2d, 5 = depthwise
+VARIANTS = ("direct", "padded", "gemm", "s2d")   # config key VARIANT; see the module doc
+TUNING_VERSION = 4                # in the tuning key: 2 = configs carry VARIANT, 3 = the gemm variant, 4 = s2d
 S2D_STRIDES = (2, 4)              # strides the s2d variant regroups (each a stride x stride block per pixel)
 S2D_MAX_CHANNELS = 64             # the widest regrouped pixel: stride^2 * C_in rounded up to a power of two
 
@@ -222,67 +210,6 @@ def fg_conv2d_implicit_gemm(
                         mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-    _conv_store(acc, out_ptr, bias_ptr, scale_ptr, shift_ptr, res_ptr, rscale_ptr, nb, oh, ow, offs_n, m_ok, n_ok,
-                son, soc, soh, sow, srn, src, srh, srw,
-                HAS_BIAS, HAS_SCALE, HAS_SHIFT, HAS_RESIDUAL, HAS_RSCALE, ACTIVATION)
-
-
-@triton.jit
-def fg_conv2d_depthwise(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
-    scale_ptr, shift_ptr, res_ptr, rscale_ptr,   # fused epilogue, as in fg_conv2d_implicit_gemm
-    BATCH, H, W, OH, OW,
-    sxn, sxc, sxh, sxw,           # input  x[N, C, H, W] strides (NHWC: sxc == 1)
-    swo, swc, swh, sww,           # weight w[C, 1, KH, KW] strides
-    son, soc, soh, sow,           # output out[N, C, OH, OW] strides
-    srn, src, srh, srw,           # residual strides
-    C: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-    DIL_H: tl.constexpr, DIL_W: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_RSCALE: tl.constexpr,
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # depthwise (groups == C_in == C_out): out[n, c, oh, ow] = sum over (kh, kw) of x[n, c, ih, iw] * w[c, 0, kh, kw].
-    # A program takes BLOCK_M output pixels (m = (n, oh, ow)) x BLOCK_N channels: each of the KH*KW taps loads
-    # a [BLOCK_M, BLOCK_N] tile of x (channels contiguous in NHWC: vector loads), masked at the border, and
-    # multiplies it by the tap's weight row; neighbouring pixels' windows overlap, so after the first tap
-    # the loads mostly hit in L1/L2 and x is read from memory about once. No tensor cores: a memory-bound op.
-    M = BATCH * OH * OW
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < C
-    ow = offs_m % OW
-    oh = (offs_m // OW) % OH
-    nb = (offs_m // (OW * OH)).to(tl.int64)
-    ih0 = oh * STRIDE_H - PAD_H
-    iw0 = ow * STRIDE_W - PAD_W
-    x_rows = x_ptr + nb * sxn
-    x_cols = offs_n.to(tl.int64) * sxc
-    w_cols = w_ptr + offs_n.to(tl.int64) * swo
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in tl.static_range(KH):
-        ih = ih0 + kh * DIL_H
-        row_ok = m_ok & (ih >= 0) & (ih < H)
-        for kw in tl.static_range(KW):
-            iw = iw0 + kw * DIL_W
-            ok = row_ok & (iw >= 0) & (iw < W)
-            xv = tl.load((x_rows + ih.to(tl.int64) * sxh + iw.to(tl.int64) * sxw)[:, None] + x_cols[None, :],
-                         mask=ok[:, None] & n_ok[None, :], other=0.0)
-            wv = tl.load(w_cols + kh * swh + kw * sww, mask=n_ok, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    _conv_store(acc, out_ptr, bias_ptr, scale_ptr, shift_ptr, res_ptr, rscale_ptr, nb, oh, ow, offs_n, m_ok, n_ok,
-                son, soc, soh, sow, srn, src, srh, srw,
-                HAS_BIAS, HAS_SCALE, HAS_SHIFT, HAS_RESIDUAL, HAS_RSCALE, ACTIVATION)
-
-
-@triton.jit
-def _conv_store(acc, out_ptr, bias_ptr, scale_ptr, shift_ptr, res_ptr, rscale_ptr, nb, oh, ow, offs_n, m_ok, n_ok,
-                son, soc, soh, sow, srn, src, srh, srw,
-                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, HAS_RSCALE: tl.constexpr, ACTIVATION: tl.constexpr):
-    # the fused epilogue and the store of a [pixels, channels] fp32 tile:
-    # ACTIVATION((acc + bias) * scale + shift + residual * rscale), each part optional, in out's dtype
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_SCALE:
@@ -331,9 +258,6 @@ _GEMM_TILES = (
 # the s2d variant: the direct gather over 16 to 64 contiguous channels (ResNet-50's stem regrouped:
 # 128x64x64 w4 s3 took 0.180 ms on the H200, bench/results/stem_conv_s2d_*)
 _S2D_TILES = ((128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 3), (128, 64, 32, 4, 4))
-# the depthwise kernel (fg_conv2d_depthwise): (pixels BLOCK_M, channels BLOCK_N, num_warps), BLOCK_N clamped
-# to the channels (a 16-channel layer takes the 256-pixel tile)
-_DEPTHWISE_TILES = ((64, 64, 4), (128, 32, 4), (32, 128, 4), (256, 16, 4))
 GROUP_M = 8
 
 
@@ -361,12 +285,6 @@ class ConvProblem:
     dilation: tuple[int, int]
     has_bias: bool
     tf32: bool = False
-    groups: int = 1
-
-    @property
-    def depthwise(self) -> bool:
-        """groups == C_in == C_out (one filter a channel): the depthwise kernel's problem."""
-        return self.groups > 1 and self.groups == self.x_shape[1] == self.out_shape[1] and self.w_shape[1] == 1
 
     @property
     def m(self) -> int:
@@ -386,18 +304,17 @@ class ConvProblem:
         return {"version": TUNING_VERSION, "source": source_digest(), "x": [self.x_shape, self.x_strides],
                 "w": [self.w_shape, self.w_strides],
                 "out": [self.out_shape, self.out_strides], "dtype": self.dtype,
-                "conv": [self.stride, self.padding, self.dilation, self.groups], "bias": self.has_bias,
-                "tf32": self.tf32,
+                "conv": [self.stride, self.padding, self.dilation], "bias": self.has_bias, "tf32": self.tf32,
                 "device": device, "torch": torch.__version__, "triton": triton.__version__}
 
 
 def problem_of(node: Node, out_strides: Sequence[int], tf32: bool = False) -> ConvProblem:
     """The ConvProblem of a conv2d node whose operands arrive in their specs' memory strides."""
-    stride, padding, dilation, groups = get_op(node.op).extra["params"](node.attrs)
+    stride, padding, dilation, _ = get_op(node.op).extra["params"](node.attrs)
     x, w = node.inputs[0].spec, node.inputs[1].spec
     return ConvProblem(_four(x.shape), _four(w.shape), _four(node.shape), tuple(x.memory_strides),
                        tuple(w.memory_strides), tuple(out_strides), node.dtype, tuple(stride), tuple(padding),
-                       tuple(dilation), len(node.inputs) == 3, tf32 and node.dtype == "float32", int(groups))
+                       tuple(dilation), len(node.inputs) == 3, tf32 and node.dtype == "float32")
 
 
 def _four(shape: Sequence[int]) -> tuple[int, int, int, int]:
@@ -407,17 +324,16 @@ def _four(shape: Sequence[int]) -> tuple[int, int, int, int]:
 
 def problem_of_tensors(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                        padding: Sequence[int], dilation: Sequence[int], out_strides: Sequence[int] | None = None,
-                       tf32: bool = False, groups: int = 1) -> ConvProblem:
-    """The ConvProblem of F.conv2d(x, w, bias, ..., groups) on these tensors (output NHWC-dense by default)."""
+                       tf32: bool = False) -> ConvProblem:
+    """The ConvProblem of F.conv2d(x, w, bias, ...) on these tensors (output NHWC-dense by default)."""
     n, c, h, wd = x.shape
     co, _, kh, kw = w.shape
     oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     dense = out_strides or (oh * ow * co, 1, ow * co, co)
-    return ConvProblem((n, c, h, wd), (co, c // groups, kh, kw), (n, co, oh, ow), tuple(x.stride()),
-                       tuple(w.stride()), tuple(dense), dtypes.canonical(x.dtype), (stride[0], stride[1]),
-                       (padding[0], padding[1]), (dilation[0], dilation[1]), bias is not None,
-                       tf32 and x.dtype == torch.float32, groups)
+    return ConvProblem((n, c, h, wd), (co, c, kh, kw), (n, co, oh, ow), tuple(x.stride()), tuple(w.stride()),
+                       tuple(dense), dtypes.canonical(x.dtype), (stride[0], stride[1]), (padding[0], padding[1]),
+                       (dilation[0], dilation[1]), bias is not None, tf32 and x.dtype == torch.float32)
 
 
 def unsupported(node: Node) -> str | None:
@@ -425,13 +341,10 @@ def unsupported(node: Node) -> str | None:
     if node.op != "conv2d":
         return f"op {node.op} (forward conv2d only)"
     _, _, _, groups = get_op(node.op).extra["params"](node.attrs)
+    if groups != 1:
+        return f"grouped convolution (groups={groups})"
     if node.dtype not in DTYPES:
         return f"dtype {node.dtype} (fp16, bf16 and fp32 only)"
-    c_in = node.inputs[0].shape[1]
-    if groups != 1:
-        if groups == c_in == node.shape[1]:
-            return None   # depthwise: the depthwise kernel
-        return f"grouped convolution (groups={groups}, not one filter a channel: cuDNN serves it)"
     c_in = node.inputs[1].shape[1]
     if c_in > MAX_C_IN:
         return (f"C_in={c_in} > {MAX_C_IN}: cuDNN serves wide input channels (the gemm variant, which "
@@ -528,15 +441,6 @@ def configs(problem: ConvProblem) -> list[ConvConfig]:
     doc)."""
     cap_m, cap_n = max(16, _pow2_at_least(problem.m)), max(16, _pow2_at_least(problem.out_shape[1]))
     out: list[ConvConfig] = []
-    if problem.depthwise:   # its own kernel, nothing else applies
-        for bm, bn, warps in _DEPTHWISE_TILES:
-            cfg: ConvConfig = {"VARIANT": "depthwise", "BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n),
-                               "BLOCK_K": 1, "GROUP_M": 1, "num_warps": warps, "num_stages": 1}
-            if cfg not in out:
-                out.append(cfg)
-        return out
-    if problem.groups != 1:
-        raise InvalidValueError(f"{KERNEL_NAME}: grouped convolution (groups={problem.groups}) that is not depthwise")
     variants: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
     if problem.x_shape[1] <= MAX_C_IN:
         variants.append(("direct", _TILES, problem.k))
@@ -551,8 +455,9 @@ def configs(problem: ConvProblem) -> list[ConvConfig]:
         for bm, bn, bk, warps, stages in tiles:
             if problem.dtype == "float32" and bk > 32:   # 4-byte tiles: keep shared memory in bounds
                 continue
-            cfg = {"VARIANT": variant, "BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n),
-                   "BLOCK_K": min(bk, cap_k), "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
+            cfg: ConvConfig = {"VARIANT": variant, "BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n),
+                               "BLOCK_K": min(bk, cap_k), "GROUP_M": GROUP_M, "num_warps": warps,
+                               "num_stages": stages}
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -566,9 +471,9 @@ def variant_of(config: ConvConfig) -> str:
     return variant
 
 
-def load_kernel(name: str = KERNEL_NAME) -> Any:
+def load_kernel() -> Any:
     from ..codegen.compile import load_triton_function
-    return load_triton_function(TRITON_CONV_SOURCE, name)
+    return load_triton_function(TRITON_CONV_SOURCE, KERNEL_NAME)
 
 
 @dataclass(frozen=True)
@@ -592,10 +497,7 @@ class TritonConv:
     def __init__(self, problem: ConvProblem, config: ConvConfig, epilogue: EpilogueForm | None = None) -> None:
         self.problem, self.config, self.epilogue = problem, dict(config), epilogue or EpilogueForm()
         self.variant = variant_of(config)
-        if (self.variant == "depthwise") != problem.depthwise:
-            raise InvalidValueError(f"{KERNEL_NAME}: config VARIANT={self.variant!r} for a "
-                                    f"{'depthwise' if problem.depthwise else 'dense'} convolution")
-        self.fn = load_kernel(DEPTHWISE_KERNEL_NAME if problem.depthwise else KERNEL_NAME)
+        self.fn = load_kernel()
         p, e = problem, self.epilogue
         self.out_dtype = dtypes.to_torch(e.out_dtype or p.dtype)
         self.padder: pad.OperandPadder | None = None
@@ -626,16 +528,6 @@ class TritonConv:
                                         f"apply to: {why}")
             variant_constexprs = {**variant_constexprs, "GEMM": True, "ALIGN": gemm_align(p)}
         q = self.inner
-        self.launch_options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-        if self.variant == "depthwise":
-            self.constexprs = {
-                "C": p.out_shape[1], "KH": p.w_shape[2], "KW": p.w_shape[3], "STRIDE_H": p.stride[0],
-                "STRIDE_W": p.stride[1], "PAD_H": p.padding[0], "PAD_W": p.padding[1], "DIL_H": p.dilation[0],
-                "DIL_W": p.dilation[1], "HAS_BIAS": p.has_bias, "HAS_SCALE": e.scale, "HAS_SHIFT": e.shift,
-                "HAS_RESIDUAL": e.residual_strides is not None, "HAS_RSCALE": e.rscale, "ACTIVATION": e.activation,
-                "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"]}
-            self.grid: tuple[int, ...] = (-(-p.m // config["BLOCK_M"]), -(-p.out_shape[1] // config["BLOCK_N"]))
-            return
         self.constexprs = {
             "C_IN": q.x_shape[1], "C_OUT": p.out_shape[1], "KH": q.w_shape[2], "KW": q.w_shape[3],
             "STRIDE_H": q.stride[0], "STRIDE_W": q.stride[1], "PAD_H": q.padding[0], "PAD_W": q.padding[1],
@@ -648,6 +540,7 @@ class TritonConv:
         tiles_m = -(-p.m // config["BLOCK_M"])
         tiles_n = -(-p.out_shape[1] // config["BLOCK_N"])
         self.grid = (tiles_m * tiles_n,)
+        self.launch_options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
 
     def _args(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
               vectors: dict[str, torch.Tensor] | None = None, residual: torch.Tensor | None = None) -> list[Any]:
@@ -793,7 +686,7 @@ def reference_conv(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias:
     with flags.flags(enabled=flags.enabled, benchmark=flags.benchmark, deterministic=flags.deterministic,
                      allow_tf32=problem.tf32):
         out = F.conv2d(x.float(), w.float(), None if bias is None else bias.float(), stride=problem.stride,
-                       padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
+                       padding=problem.padding, dilation=problem.dilation)
     return out.to(x.dtype)
 
 
@@ -824,13 +717,11 @@ def floor_ms(problem: ConvProblem, variant: str = "direct") -> float | None:
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Sequence[int] = (1, 1),
-           padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1, *,
-           config: ConvConfig | None = None, out_strides: Sequence[int] | None = None,
-           allow_tf32: bool = False) -> torch.Tensor:
-    """F.conv2d(x, w, bias, stride, padding, dilation, groups) (groups 1, or depthwise: groups == C_in ==
-    C_out) through our Triton kernels, the output NHWC-dense unless `out_strides` is given; `config` (a
-    dict of configs()) or the autotuned one."""
-    problem = problem_of_tensors(x, w, bias, stride, padding, dilation, out_strides, allow_tf32, groups)
+           padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), *, config: ConvConfig | None = None,
+           out_strides: Sequence[int] | None = None, allow_tf32: bool = False) -> torch.Tensor:
+    """F.conv2d(x, w, bias, stride, padding, dilation) (groups 1) through our Triton kernel, the output
+    NHWC-dense unless `out_strides` is given; `config` (a dict of configs()) or the autotuned one."""
+    problem = problem_of_tensors(x, w, bias, stride, padding, dilation, out_strides, allow_tf32)
     conv = TritonConv(problem, config) if config is not None else tuned(problem, str(x.device))[0]
     return conv(x, w, bias)
 
@@ -854,14 +745,12 @@ class ConvGroupLaunch:
     def describe(self) -> str:
         conv = self.prepare()
         p = self.problem
-        kind = f"depthwise conv2d ({DEPTHWISE_KERNEL_NAME})" if p.depthwise else f"implicit-GEMM conv2d ({KERNEL_NAME})"
-        shape = (f"# {p.out_shape[1]} channels, {p.w_shape[2]}x{p.w_shape[3]} taps over M={p.m} pixels" if p.depthwise
-                 else f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}"
-                 f"{f' (padded: {padded_k(p)})' if conv.padder is not None else ''}")
-        lines = [f"# Triton {kind}: x{list(p.x_shape)} w{list(p.w_shape)} "
+        lines = [f"# Triton implicit-GEMM conv2d ({KERNEL_NAME}): x{list(p.x_shape)} w{list(p.w_shape)} "
                  f"stride {p.stride} padding {p.padding} dilation {p.dilation} {p.dtype}"
                  f"{' +bias' if p.has_bias else ''}; config {conv.config}",
-                 f"{shape}; constexprs {conv.constexprs}", conv.sources()]
+                 f"# GEMM M={p.m} N={p.out_shape[1]} K={p.k}"
+                 f"{f' (padded: {padded_k(p)})' if conv.padder is not None else ''}; constexprs {conv.constexprs}",
+                 conv.sources()]
         if self.epilogue is not None:
             lines.append(f"# ---- epilogue kernel ({self.epilogue.backend}) ----\n{self.epilogue.source}")
         return "\n".join(lines)
@@ -979,8 +868,7 @@ class FusedGroupLaunch:
 
     def describe(self) -> str:
         conv = self.prepare()
-        kind = "depthwise" if self.problem.depthwise else "implicit-GEMM"
-        return "\n".join([f"# Triton {kind} conv2d with its epilogue in the store: {self.epi.describe()}; "
+        return "\n".join([f"# Triton implicit-GEMM conv2d with its epilogue in the store: {self.epi.describe()}; "
                           f"epilogue {self.form}; config {conv.config}", conv.sources()])
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
