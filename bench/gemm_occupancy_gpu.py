@@ -19,11 +19,8 @@ shared memory and the programs an SM those allow.
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -35,7 +32,6 @@ from fusegraph.backends import cublas
 from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _LazyEpilogue, check_same
 from fusegraph.codegen.compile import load_triton_function
 from fusegraph.codegen.matmul import generate_gemm
-from fusegraph.tune import bench_ms
 from fusegraph.tune.precompile import compile_in_parallel
 
 ROUNDS = 5
@@ -95,59 +91,24 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
     compile_in_parallel([j for _, ln, _ in launches for j in ln.warmup_jobs(args)])
     rows = [f"{label}: {gen.geometry.m}x{gen.geometry.n}x{gen.geometry.k} ({'+'.join(n.op for n in group.nodes)}), "
             f"{sms} SMs"]
-    times: dict[str, list[float]] = {"cuBLAS + epilogue": []}
     notes: dict[str, str] = {"cuBLAS + epilogue": "library candidate"}
-    timed: list[tuple[str, Any]] = [("cuBLAS + epilogue", library)]
+    timed: list[tuple[str, Any]] = [("cuBLAS + epilogue", lambda: library(args))]
     for tag, launch, warps in launches:
         try:
             check_same(launch(args), expected, f"{label} {tag}", True)
             notes[tag], _ = _resources(launch, args, warps)
-            times[tag] = []
-            timed.append((tag, launch))
+            timed.append((tag, lambda launch=launch: launch(args)))
         except Exception as err:
             notes[tag] = f"ERROR {type(err).__name__}: {str(err)[:160]}"
-    for _ in range(ROUNDS):   # in alternation, so drift falls on every form alike
-        for tag, launch in timed:
-            times[tag].append(bench_ms(lambda launch=launch: launch(args)))
-    offered_times = [statistics.median(times[t]) for t, _, _ in launches[:len(offered)] if times.get(t)]
-    base = min(offered_times) if offered_times else None   # the best offered form
-    for tag in ["cuBLAS + epilogue", *(t for t, _, _ in launches)]:
-        if tag not in times:
-            rows.append(f"  {tag:<28} {notes[tag]}")
-            continue
-        med, best = statistics.median(times[tag]), min(times[tag])
-        ratio = f"{base / med:6.3f}x" if base else ""
-        rows.append(f"  {tag:<28} median {med * 1e3:8.1f} us (best {best * 1e3:8.1f}) "
-                    f"{flops / med / 1e9:6.1f} TFLOP/s {ratio}  {notes[tag]}")
-    return rows
+    offered_tags = [t for t, _, _ in launches[:len(offered)]]
 
+    def best_offered(medians: dict[str, float]) -> float | None:
+        got = [medians[t] for t in offered_tags if t in medians]
+        return min(got) if got else None
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="mlp1,mlp2,gpt2")
-    parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
-    opts = parser.parse_args()
-    start = time.perf_counter()
-    lines = [f"# python bench/gemm_occupancy_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}"]
-    for group_name in opts.only.split(","):
-        for label, build, flops in G.cases(False).get(group_name, []):
-            if opts.cases and label not in opts.cases.split(","):
-                continue
-            try:
-                rows = run_case(label, build, flops)
-            except Exception as err:
-                rows = [f"{label}: ERROR {type(err).__name__}: {str(err)[:300]}"]
-            print("\n".join(rows), flush=True)
-            lines += rows
-    lines.append(f"total {time.perf_counter() - start:.1f} s")
-    print(lines[-1])
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"gemm_occupancy_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 0
+    return rows + G.alternating_rows(timed, ["cuBLAS + epilogue", *(t for t, _, _ in launches)], notes, flops,
+                                     best_offered, ROUNDS, width=28)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(G.cases_main("gemm_occupancy_gpu.py", __doc__, run_case, "gemm_occupancy"))

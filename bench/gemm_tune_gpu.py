@@ -25,9 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -225,6 +226,60 @@ def run_case(label: str, build: Case, flops: int, dt: str, device: str) -> dict[
             "rows": rows,
             "best": {k: {"ms": v["ms"], "tflops": v["tflops"], "config": v["config"]} for k, v in best.items()},
             "winner": winner, "compile_errors": compile_errors[:5], "seconds": time.perf_counter() - start}
+
+
+def alternating_rows(timed: Sequence[tuple[str, Callable[[], Any]]], order: Sequence[str], notes: dict[str, str],
+                     flops: int, base: Callable[[dict[str, float]], float | None], rounds: int = 5,
+                     width: int = 16) -> list[str]:
+    """Time each (tag, call) with bench_ms `rounds` times in alternation (drift falls on every call
+    alike) and format one row per tag of `order`: median and best microseconds, TFLOP/s, the speed-up
+    over `base(medians)`, and the tag's note (a tag that was not timed: its note only)."""
+    times: dict[str, list[float]] = {tag: [] for tag, _ in timed}
+    for _ in range(rounds):
+        for tag, call in timed:
+            times[tag].append(bench_ms(call))
+    medians = {tag: statistics.median(v) for tag, v in times.items()}
+    ref = base(medians)
+    rows = []
+    for tag in order:
+        if tag not in medians:
+            rows.append(f"  {tag:<{width}} {notes.get(tag, '')}")
+            continue
+        med, best = medians[tag], min(times[tag])
+        ratio = f"{ref / med:6.3f}x" if ref else ""
+        rows.append(f"  {tag:<{width}} median {med * 1e3:8.1f} us (best {best * 1e3:8.1f}) "
+                    f"{flops / med / 1e9:6.1f} TFLOP/s {ratio}  {notes.get(tag, '')}")
+    return rows
+
+
+def cases_main(script: str, doc: str, run: Callable[[str, Case, int], list[str]], out_prefix: str,
+               default_only: str = "mlp1,mlp2,gpt2") -> int:
+    """The command line of a bench that runs `run(label, build, flops)` (-> report lines) over these
+    cases (--only groups, --cases labels): prints the lines and writes them to $OUT/<out_prefix>_<time>.txt."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=default_only)
+    parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
+    opts = parser.parse_args()
+    start = time.perf_counter()
+    lines = [f"# python bench/{script} {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__}"]
+    for group_name in opts.only.split(","):
+        for label, build, flops in cases(False).get(group_name, []):
+            if opts.cases and label not in opts.cases.split(","):
+                continue
+            try:
+                rows = run(label, build, flops)
+            except Exception as err:
+                rows = [f"{label}: ERROR {type(err).__name__}: {str(err)[:300]}"]
+            print("\n".join(rows), flush=True)
+            lines += rows
+    lines.append(f"total {time.perf_counter() - start:.1f} s")
+    print(lines[-1])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{out_prefix}_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
 
 
 def main() -> int:

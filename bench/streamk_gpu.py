@@ -17,12 +17,9 @@ The twenty-fifth session also timed other code forms of the stream-K part (bench
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -35,7 +32,6 @@ from fusegraph.backends.matmul_kernel import GemmLaunch, _gemm_candidates, _Lazy
 from fusegraph.codegen.compile import load_triton_function
 from fusegraph.codegen.matmul import HEADER, _GemmWriter, generate_gemm
 from fusegraph.settings import override
-from fusegraph.tune import bench_ms
 
 ROUNDS = 5
 
@@ -90,57 +86,18 @@ def run_case(label: str, build: Any, flops: int) -> list[str]:
         ("persistent", GemmLaunch(fn, gen, persistent, "cuda")),
         ("sk0", GemmLaunch(fn, sk_gen, dict(sk, SK_TILES=0, SK_ITERS=1), "cuda")),
         ("sk", GemmLaunch(fn, sk_gen, sk, "cuda"))]
-    times: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
+    timed = []
     for tag, launch in launches:
         try:
             check_same(launch(args), expected, f"{label} {tag}", True)
             notes[tag] = _regs(launch, args)
-            times[tag] = []
+            timed.append((tag, lambda launch=launch: launch(args)))
         except Exception as err:
             notes[tag] = f"ERROR {type(err).__name__}: {str(err)[:200]}"
-    for _ in range(ROUNDS):   # in alternation, so drift falls on every kernel alike
-        for tag, launch in launches:
-            if tag in times:
-                times[tag].append(bench_ms(lambda launch=launch: launch(args)))
-    base = statistics.median(times["persistent"]) if times.get("persistent") else None
-    for tag, _ in launches:
-        if tag not in times:
-            rows.append(f"  {tag:<16} {notes[tag]}")
-            continue
-        med, best = statistics.median(times[tag]), min(times[tag])
-        ratio = f"{base / med:6.3f}x" if base else ""
-        rows.append(f"  {tag:<16} median {med * 1e3:8.1f} us (best {best * 1e3:8.1f}) {flops / med / 1e9:6.1f} TFLOP/s "
-                    f"{ratio}  {notes[tag]}")
-    return rows
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="mlp1,mlp2,gpt2")
-    parser.add_argument("--cases", default="", help="comma-separated case labels (default: all of --only)")
-    opts = parser.parse_args()
-    start = time.perf_counter()
-    lines = [f"# python bench/streamk_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}"]
-    for group_name in opts.only.split(","):
-        for label, build, flops in G.cases(False).get(group_name, []):
-            if opts.cases and label not in opts.cases.split(","):
-                continue
-            try:
-                rows = run_case(label, build, flops)
-            except Exception as err:
-                rows = [f"{label}: ERROR {type(err).__name__}: {str(err)[:300]}"]
-            print("\n".join(rows), flush=True)
-            lines += rows
-    lines.append(f"total {time.perf_counter() - start:.1f} s")
-    print(lines[-1])
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"streamk_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 0
+    return rows + G.alternating_rows(timed, [tag for tag, _ in launches], notes, flops,
+                                     lambda medians: medians.get("persistent"), ROUNDS)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(G.cases_main("streamk_gpu.py", __doc__, run_case, "streamk"))
