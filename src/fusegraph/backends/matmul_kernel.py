@@ -464,7 +464,6 @@ def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup,
                            streamk=settings.gemm_streamk and "streamk" in gen.variants, candidates=candidates)
 
 
-
 def _capability(device: str) -> int:
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return 0
