@@ -1,0 +1,30 @@
+"""bench/gluon_gemm_gpu.py (a warp-specialized Hopper GEMM in Gluon, prepared without a GPU) keeps compiling
+for sm_90: its --cpu-compile mode runs Triton's compiler on this machine (no GPU, no interpreter) and reports
+what the PTX holds: the wgmma and TMA instructions of the two consumers and the producer, and the register
+moves (setmaxnreg) between the warp-specialized partitions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gluon_gemm_gpu.py"
+
+
+def test_the_gluon_pingpong_gemm_compiles_for_sm90() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(BENCH), "--cpu-compile"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    if done.returncode != 0 and "CompilationError" not in done.stderr:   # no CUDA compiler toolchain here
+        pytest.skip(f"cannot compile sm_90 here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r"shared (\d+) bytes, (\d+) wgmma, (\d+) TMA copies, (\d+) setmaxnreg", done.stdout)
+    assert found, done.stdout
+    shared, wgmma, tma, setmaxnreg = (int(g) for g in found.groups())
+    assert 4 * 32768 + 2 * 32768 <= shared <= 232448     # 4 stages of A+B tiles and two store tiles, within an SM
+    assert wgmma > 0 and tma > 0 and setmaxnreg > 0
