@@ -241,6 +241,8 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=16384)
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--no-gelu", action="store_true", help="bias only (gelu_mlp's second GEMM: --m 8192 "
+                        "--n 4096 --k 16384)")
     parser.add_argument("--cpu-compile", action="store_true")
     opts = parser.parse_args()
     if opts.cpu_compile:
@@ -256,18 +258,23 @@ def main() -> int:
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = (torch.randn(k, n, device="cuda") / k ** 0.5).to(torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ref = F.gelu(a.float() @ b.float() + bias.float(), approximate="tanh")
+    gelu = not opts.no_gelu
+    ref = a.float() @ b.float() + bias.float()
+    ref = F.gelu(ref, approximate="tanh") if gelu else ref
     flops = 2 * m * n * k
     lines = [f"# python bench/gluon_gemm_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, triton {triton.__version__}",
-             f"gelu(x @ W + b): {m}x{n}x{k} bf16, tiles {BM}x{BN}x{BK}, {opts.stages} stages"]
+             f"{'gelu(x @ W + b)' if gelu else 'x @ W + b'}: {m}x{n}x{k} bf16, tiles {BM}x{BN}x{BK}, "
+             f"{opts.stages} stages"]
     g = fg.Graph("mm_bias_gelu", compute_dtype="float32")
     x, w, bb = g.tensor((m, k), "bfloat16", "x"), g.tensor((k, n), "bfloat16", "w"), g.tensor((n,), "bfloat16", "b")
-    g.gelu(g.add(g.matmul(x, w), bb), approximate="tanh").set_output()
+    y = g.add(g.matmul(x, w), bb)
+    (g.gelu(y, approximate="tanh") if gelu else y).set_output()
     plan = g.build(device="cuda")
-    impls = {"gluon ping-pong": lambda: gemm_bias_gelu(a, b, bias, opts.stages),
+    impls = {"gluon ping-pong": lambda: gemm_bias_gelu(a, b, bias, opts.stages, gelu),
              "fusegraph plan": lambda: plan(a, b, bias),
-             "cuBLAS + torch epilogue": lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")}
+             "cuBLAS + torch epilogue": (lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")) if gelu
+             else (lambda: torch.addmm(bias, a, b))}
     for name, fn in impls.items():
         try:
             out = fn()
