@@ -17,7 +17,6 @@ Totals by kind (depthwise = groups equal to channels, else dense) and the slowes
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from out_files import write_report
 
 
 def conv_shapes(model_name: str, batch: int) -> list[dict[str, Any]]:
@@ -109,10 +109,7 @@ def main() -> int:
                      f"again {r['again'] * 1e3:.2f}, moved {r['moved'] * 1e3:.2f}, thread {r['thread'] * 1e3:.1f}, "
                      f"main2 {r['main2'] * 1e3:.2f}")
     print("\n".join(lines))
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"cudnn_first_call_{opts.model}_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report(f"cudnn_first_call_{opts.model}", lines)
     return 0
 
 

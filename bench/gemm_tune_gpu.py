@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from out_files import write_report
 
 import fusegraph as fg
 from fusegraph.backends import cublas
@@ -275,10 +276,7 @@ def cases_main(script: str, doc: str, run: Callable[[str, Case, int], list[str]]
             lines += rows
     lines.append(f"total {time.perf_counter() - start:.1f} s")
     print(lines[-1])
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"{out_prefix}_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report(out_prefix, lines)
     return 0
 
 

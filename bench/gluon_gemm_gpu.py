@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import triton
+from out_files import write_report
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -287,10 +288,7 @@ def main() -> int:
         except Exception as exc:  # report and go on: this kernel had not run on a GPU when written
             lines.append(f"  {name:<26} ERROR {type(exc).__name__}: {str(exc)[:300]}")
         print(lines[-1], flush=True)
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        with open(os.path.join(out_dir, f"gluon_gemm_{time.strftime('%Y%m%d_%H%M')}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report("gluon_gemm", lines)
     return 0
 
 
