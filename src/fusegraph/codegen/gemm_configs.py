@@ -245,11 +245,15 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 def candidate_set(options: dict[str, Any]) -> str:
     """The build option gemm_candidates ("full" by default; "conv" for a 1x1 convolution's inner GEMM
-    plan, backends/conv_gemm.INNER_OPTIONS), checked: InvalidValueError names an unknown one."""
-    chosen = options.get("gemm_candidates", "full")
-    if chosen not in GEMM_CANDIDATE_SETS:
-        raise InvalidValueError(f"build option gemm_candidates={chosen!r}: use one of {', '.join(GEMM_CANDIDATE_SETS)}")
-    return str(chosen)
+    plan, backends/conv_gemm.INNER_OPTIONS), checked."""
+    return _checked_set(options.get("gemm_candidates", "full"))
+
+
+def _checked_set(name: Any) -> str:
+    """`name` if it is one of GEMM_CANDIDATE_SETS, else InvalidValueError naming it."""
+    if name not in GEMM_CANDIDATE_SETS:
+        raise InvalidValueError(f"build option gemm_candidates={name!r}: use one of {', '.join(GEMM_CANDIDATE_SETS)}")
+    return str(name)
 
 
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
@@ -259,7 +263,7 @@ def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS
     then split-K. `store_itemsize`: bytes per element of the outputs the TMA path stores through
     descriptors. `candidates` "conv" (a 1x1 convolution's inner GEMM): no tiled TMA config and
     CONV_PERSISTENT_CANDIDATES persistent ones (see GEMM_CANDIDATE_SETS)."""
-    conv = candidate_set({"gemm_candidates": candidates}) == "conv"
+    conv = _checked_set(candidates) == "conv"
     persistent = persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
                                     store_itemsize=store_itemsize)
     return (gemm_configs(geometry, tma and not conv, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
