@@ -33,6 +33,7 @@ from ..codegen.matmul import (
     split_k_finish_grid,
     streamk_workspace,
 )
+from ..codegen.matmul_pingpong import PINGPONG_MAXNREG
 from ..errors import SettingsError
 from ..fusion.epilogue import MatmulGroup
 from ..ir import dtypes
@@ -65,6 +66,8 @@ class GemmLaunch:
         self.fn = self.fns[0]
         self.grid, self.constexprs, self.num_warps, self.num_stages = gemm_launch_parameters(gen.geometry, config)
         pdl_consts, self.launch_options = pdl_options(device)   # programmatic dependent launch (Hopper)
+        if self.variant == "pingpong":   # a Gluon kernel: no PDL prologue; registers moved between partitions
+            pdl_consts, self.launch_options = {}, {"maxnreg": PINGPONG_MAXNREG}
         self.constexprs.update(pdl_consts)
         self.out_specs = [(n.shape, n.spec.memory_strides, dtypes.to_torch(n.dtype)) for n in gen.outputs]
         self.atomic_max = gen.atomic_max_outputs
@@ -81,7 +84,8 @@ class GemmLaunch:
         if self.sk_tiles:
             self.workspace = streamk_workspace(config)
 
-        self.uses_tma = bool(self.constexprs.get("USE_TMA", False))
+        # device-side TMA descriptors (the ping-pong kernel always makes them)
+        self.uses_tma = bool(self.constexprs.get("USE_TMA", False)) or self.variant == "pingpong"
         if self.uses_tma and self.device.type == "cuda":
             _set_tma_allocator()
 
@@ -141,6 +145,8 @@ class GemmLaunch:
         consts = self.constexprs
         if self.uses_tma:
             if any(t.data_ptr() % 16 for t in args):  # TMA needs aligned bases: pointer path
+                if self.variant == "pingpong":
+                    raise ValueError("the ping-pong GEMM needs 16-byte-aligned operands")
                 consts = dict(consts, USE_TMA=False)
             elif self.device.type == "cuda":
                 _set_tma_allocator()                   # this thread's (Triton's allocator is per thread)
@@ -458,10 +464,24 @@ def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup,
     """Tiled, persistent (stream-K with settings.gemm_streamk) and split-K configs of this GEMM on
     `device` (warp specialization only where Triton 3.6 supports it: Blackwell, compute capability >= 10),
     from the candidate set `candidates` (gemm_configs.GEMM_CANDIDATE_SETS)."""
+    pingpong = "pingpong" in gen.variants and _pingpong_available(device)
     return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
                            warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize,
-                           streamk=settings.gemm_streamk and "streamk" in gen.variants, candidates=candidates)
+                           streamk=settings.gemm_streamk and "streamk" in gen.variants, candidates=candidates,
+                           pingpong_store_itemsize=gen.pingpong_store_itemsize if pingpong else None)
+
+
+def _pingpong_available(device: str) -> bool:
+    """The ping-pong kernel runs here: a Hopper GPU (wgmma: compute capability 9 exactly), not under the
+    interpreter (which does not run Gluon), with Triton's Gluon Hopper module."""
+    if interpreting() or _capability(device) != 9:
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _capability(device: str) -> int:

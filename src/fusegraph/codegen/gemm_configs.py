@@ -63,6 +63,11 @@ SPLIT_K_MIN_K = 512         # ... and K >= this (decode: M = batch, K = hidden)
 SPLIT_K_CANDIDATES = 3
 SPLIT_K_TARGET_WAVES = 2    # split until (tiles x splits) is about this many programs per SM
 GEMV_MAX_M = 4              # the weight-streaming GEMV kernel takes problems of at most this many rows
+# The warp-specialized ping-pong kernel (matmul_pingpong.py; Hopper, Gluon): one tile shape, the one
+# measured (bench/gluon_gemm_gpu.py: 128x128x64, 4 stages, GROUP_M 8), offered to problems of at least
+# PINGPONG_MIN_WAVES tiles a program (each program's two consumers need a tile each to overlap).
+PINGPONG_TILE = (128, 128, 64, 8, 4)   # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES
+PINGPONG_MIN_WAVES = 2
 
 
 @dataclass
@@ -243,6 +248,22 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
     return out[:SPLIT_K_CANDIDATES]
 
 
+def pingpong_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2,
+                     store_itemsize: int = 0) -> list[dict[str, Any]]:
+    """The ping-pong kernel's config (VARIANT "pingpong"), for 16-bit problems of one batch entry with
+    at least PINGPONG_MIN_WAVES x `sms` tiles; stages lowered until its ring and its two consumers'
+    store tiles (`store_itemsize`: bytes per element of the TMA-stored output, 0 if none) fit."""
+    bm, bn, bk, group, stages = PINGPONG_TILE
+    tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
+    if geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms:
+        return []
+    while stages > 2 and stages * (bm + bn) * bk * itemsize + 2 * bm * bn * store_itemsize + TMA_STORE_SLACK \
+            > SMEM_BYTES:
+        stages -= 1
+    return [{"VARIANT": "pingpong", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "STAGES": stages,
+             "NUM_PROGRAMS": min(sms, tiles), "num_warps": 4, "num_stages": stages}]
+
+
 def candidate_set(options: dict[str, Any]) -> str:
     """The build option gemm_candidates ("full" by default; "conv" for a 1x1 convolution's inner GEMM
     plan, backends/conv_gemm.INNER_OPTIONS), checked."""
@@ -258,11 +279,14 @@ def _checked_set(name: Any) -> str:
 
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
                     warp_specialize: bool = False, store_itemsize: int = 0,
-                    streamk: bool = False, candidates: str = "full") -> list[dict[str, Any]]:
+                    streamk: bool = False, candidates: str = "full",
+                    pingpong_store_itemsize: int | None = None) -> list[dict[str, Any]]:
     """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K (with `streamk`),
-    then split-K. `store_itemsize`: bytes per element of the outputs the TMA path stores through
-    descriptors. `candidates` "conv" (a 1x1 convolution's inner GEMM): no tiled TMA config and
-    CONV_PERSISTENT_CANDIDATES persistent ones (see GEMM_CANDIDATE_SETS)."""
+    then split-K, then the ping-pong kernel (when `pingpong_store_itemsize` is given: the group has that
+    variant and the GPU runs it; the bytes per element its TMA-stored output takes). `store_itemsize`:
+    bytes per element of the outputs the TMA path stores through descriptors. `candidates` "conv" (a 1x1
+    convolution's inner GEMM): no tiled TMA config, CONV_PERSISTENT_CANDIDATES persistent ones and no
+    ping-pong kernel (see GEMM_CANDIDATE_SETS)."""
     conv = _checked_set(candidates) == "conv"
     persistent = persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
                                     store_itemsize=store_itemsize)
@@ -270,7 +294,9 @@ def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS
             + (persistent[:CONV_PERSISTENT_CANDIDATES] if conv else persistent)
             + (streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
                if streamk else [])
-            + split_k_configs(geometry, sms=sms, itemsize=itemsize))
+            + split_k_configs(geometry, sms=sms, itemsize=itemsize)
+            + (pingpong_configs(geometry, sms=sms, itemsize=itemsize, store_itemsize=pingpong_store_itemsize)
+               if pingpong_store_itemsize is not None and not conv else []))
 
 
 def gemv_covers(geometry: GemmGeometry) -> bool:
@@ -324,6 +350,10 @@ def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tu
     variant = config.get("VARIANT", "tiled")
     consts: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
                               "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
+    if variant == "pingpong":
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
+                  "STAGES": int(config["STAGES"])}
+        return (min(int(config["NUM_PROGRAMS"]), tiles),), consts, 4, int(config["STAGES"])
     if variant in ("persistent", "streamk"):
         programs = min(int(config["NUM_PROGRAMS"]), tiles)
         consts.update(NUM_PROGRAMS=programs, FLATTEN=bool(config.get("FLATTEN", True)),

@@ -64,6 +64,9 @@ class GeneratedGemm:
     # bytes per output element written through TMA descriptor stores on the TMA path (summed over those
     # outputs): each stages a BLOCK_M x BLOCK_N tile in shared memory beside the operand pipeline
     tma_store_itemsize: int = 0
+    # bytes per element of the output the ping-pong variant stores through TMA (0: none; its two
+    # consumers each stage a BLOCK_M x BLOCK_N tile of it)
+    pingpong_store_itemsize: int = 0
 
     def source_of(self, variant: str) -> str:
         return self.source if variant == "tiled" else self.variants[variant][1]
@@ -176,13 +179,20 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
     if settings.gemm_streamk and not tiled.geo.batch:   # the last wave shared out over one batch entry's programs
         variants["streamk"] = ((f"{name}_streamk",),
                                HEADER + _GemmWriter(group, f"{name}_streamk").write_persistent(streamk=True))
+    if settings.gemm_pingpong:   # the warp-specialized Hopper kernel in Gluon, where it covers the group
+        from .matmul_pingpong import generate_pingpong, pingpong_store_itemsize
+
+        pingpong = generate_pingpong(group, f"{name}_pingpong")
+        if pingpong is not None:
+            variants["pingpong"] = ((f"{name}_pingpong",), pingpong)
     if gemv_covers(tiled.geo):
         variants["gemv"] = ((f"{name}_gemv",), HEADER + _GemmWriter(group, f"{name}_gemv").write_gemv())
     atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
     by_key = {e.key: e.node for e in group.epilogue.stores}
     store_itemsize = sum(dtypes.itemsize(by_key[key].dtype) for key in tiled.tma_stores)
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
-                         variants=variants, atomic_max_outputs=atomic, tma_store_itemsize=store_itemsize)
+                         variants=variants, atomic_max_outputs=atomic, tma_store_itemsize=store_itemsize,
+                         pingpong_store_itemsize=pingpong_store_itemsize(group) if "pingpong" in variants else 0)
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")
