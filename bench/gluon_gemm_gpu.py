@@ -195,7 +195,7 @@ def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any,
 
 
 def gemm_bias_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, stages: int = 4, gelu: bool = True,
-                   programs: int | None = None) -> torch.Tensor:
+                   programs: int | None = None, group: int = GROUP_M) -> torch.Tensor:
     """gelu(a @ b + bias) (tanh form) in a's dtype; a [M, K], b [K, N] row-major."""
     m, k = a.shape
     n = b.shape[1]
@@ -205,7 +205,7 @@ def gemm_bias_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, stages:
     grid = (min(sms, triton.cdiv(m, BM) * triton.cdiv(n, BN)),)
     # 4 warps for the default partition (consumer 0); registers are then moved between the partitions
     # (setmaxnreg): maxnreg sizes the whole CTA, 12 warps at 168 fit the register file
-    fg_gluon_pingpong_gemm[grid](a_desc, b_desc, c_desc, bias, m, n, k, stages, GROUP_M, gelu, num_warps=4,
+    fg_gluon_pingpong_gemm[grid](a_desc, b_desc, c_desc, bias, m, n, k, stages, group, gelu, num_warps=4,
                                  maxnreg=168)
     return c
 
@@ -245,6 +245,7 @@ def main() -> int:
     parser.add_argument("--no-gelu", action="store_true", help="bias only (gelu_mlp's second GEMM: --m 8192 "
                         "--n 4096 --k 16384)")
     parser.add_argument("--cpu-compile", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time the kernel at 3-5 stages x GROUP_M 4-16")
     opts = parser.parse_args()
     if opts.cpu_compile:
         return cpu_compile(opts.stages)
@@ -276,6 +277,11 @@ def main() -> int:
              "fusegraph plan": lambda: plan(a, b, bias),
              "cuBLAS + torch epilogue": (lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")) if gelu
              else (lambda: torch.addmm(bias, a, b))}
+    if opts.sweep:
+        for stages in (3, 4, 5):
+            for group in (4, 8, 16):
+                impls[f"gluon stages={stages} group={group}"] = (
+                    lambda s=stages, gr=group: gemm_bias_gelu(a, b, bias, s, gelu, group=gr))
     for name, fn in impls.items():
         try:
             out = fn()
@@ -284,7 +290,7 @@ def main() -> int:
                 lines.append(f"  {name:<26} WRONG: relative error {err:.3g}")
                 continue
             ms = min(bench_ms(fn) for _ in range(3))
-            lines.append(f"  {name:<26} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  (error {err:.2e})")
+            lines.append(f"  {name:<30} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  (error {err:.2e})")
         except Exception as exc:  # report and go on: this kernel had not run on a GPU when written
             lines.append(f"  {name:<26} ERROR {type(exc).__name__}: {str(exc)[:300]}")
         print(lines[-1], flush=True)

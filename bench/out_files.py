@@ -12,7 +12,12 @@ def write_report(prefix: str, lines: Sequence[str]) -> str | None:
     out = os.environ.get("OUT")
     if not out:
         return None
-    path = os.path.join(out, f"{prefix}_{time.strftime('%Y%m%d_%H%M')}.txt")
+    stamp = time.strftime('%Y%m%d_%H%M')
+    path = os.path.join(out, f"{prefix}_{stamp}.txt")
+    n = 2
+    while os.path.exists(path):   # a second run in the same minute keeps the first's report
+        path = os.path.join(out, f"{prefix}_{stamp}_{n}.txt")
+        n += 1
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
