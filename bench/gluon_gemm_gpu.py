@@ -246,14 +246,17 @@ def main() -> int:
                         "--n 4096 --k 16384)")
     parser.add_argument("--cpu-compile", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="also time the kernel at 3-5 stages x GROUP_M 4-16")
+    parser.add_argument("--weight-nk", action="store_true", help="fusegraph's rows take the weight as [N, K] "
+                        "(nn.Linear's layout, read transposed); the bench's own kernel keeps [K, N]")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
     opts = parser.parse_args()
     if opts.cpu_compile:
         return cpu_compile(opts.stages)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import torch.nn.functional as F
+    from gemm_tune_gpu import alternating_rows
 
     import fusegraph as fg
-    from fusegraph.tune import bench_ms
 
     torch.manual_seed(0)
     m, n, k = opts.m, opts.n, opts.k
@@ -269,12 +272,17 @@ def main() -> int:
              f"{'gelu(x @ W + b)' if gelu else 'x @ W + b'}: {m}x{n}x{k} bf16, tiles {BM}x{BN}x{BK}, "
              f"{opts.stages} stages"]
     g = fg.Graph("mm_bias_gelu", compute_dtype="float32")
-    x, w, bb = g.tensor((m, k), "bfloat16", "x"), g.tensor((k, n), "bfloat16", "w"), g.tensor((n,), "bfloat16", "b")
-    y = g.add(g.matmul(x, w), bb)
+    nk = opts.weight_nk   # the weight stored [N, K] (nn.Linear's), read transposed
+    x, bb = g.tensor((m, k), "bfloat16", "x"), g.tensor((n,), "bfloat16", "b")
+    w = g.tensor((n, k) if nk else (k, n), "bfloat16", "w")
+    y = g.add(g.matmul(x, w, transpose_b=nk), bb)
     (g.gelu(y, approximate="tanh") if gelu else y).set_output()
+    wt = b.t().contiguous() if nk else b
     plan = g.build(device="cuda")
+    forced = g.build(device="cuda", options={"gemm_variant": "pingpong"})
     impls = {"gluon ping-pong": lambda: gemm_bias_gelu(a, b, bias, opts.stages, gelu),
-             "fusegraph plan": lambda: plan(a, b, bias),
+             "fusegraph plan": lambda: plan(a, wt, bias),
+             "fusegraph ping-pong": lambda: forced(a, wt, bias),
              "cuBLAS + torch epilogue": (lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")) if gelu
              else (lambda: torch.addmm(bias, a, b))}
     if opts.sweep:
@@ -282,18 +290,25 @@ def main() -> int:
             for group in (4, 8, 16):
                 impls[f"gluon stages={stages} group={group}"] = (
                     lambda s=stages, gr=group: gemm_bias_gelu(a, b, bias, s, gelu, group=gr))
-    for name, fn in impls.items():
+    for tag, kernel in ((t, p.kernels) for t, p in (("fusegraph plan", plan), ("fusegraph ping-pong", forced))):
+        lines.append(f"  {tag}: " + "; ".join(f"{k.name} {k.backend} {k.config.get('VARIANT', '')}"
+                                             for k in kernel if k.kind == "matmul"))
+    timed, notes = [], {}
+    for name, fn in impls.items():   # each checked against torch before any timing
         try:
             out = fn()
             err = ((out.float() - ref).norm() / ref.norm()).item()
             if err > 2e-2:
-                lines.append(f"  {name:<26} WRONG: relative error {err:.3g}")
+                notes[name] = f"WRONG: relative error {err:.3g}"
                 continue
-            ms = min(bench_ms(fn) for _ in range(3))
-            lines.append(f"  {name:<30} {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  (error {err:.2e})")
-        except Exception as exc:  # report and go on: this kernel had not run on a GPU when written
-            lines.append(f"  {name:<26} ERROR {type(exc).__name__}: {str(exc)[:300]}")
-        print(lines[-1], flush=True)
+            notes[name] = f"(error {err:.2e})"
+            timed.append((name, fn))
+        except Exception as exc:  # report and go on
+            notes[name] = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
+    # timed in alternation (rounds of every candidate): power and clock drift fall on all alike
+    lines += alternating_rows(timed, list(impls), notes, flops,
+                              lambda med: med.get("cuBLAS + torch epilogue"), rounds=opts.rounds, width=30)
+    print("\n".join(lines), flush=True)
     write_report("gluon_gemm", lines)
     return 0
 

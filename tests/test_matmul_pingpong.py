@@ -126,6 +126,9 @@ def test_offered_to_large_16bit_problems_only() -> None:
     assert ring + 2 * 128 * 128 * 2 <= SMEM_BYTES                     # ring + both consumers' store tiles fit
     assert pingpong_configs(_geometry(1024, 1024, 4096), sms=132) == []          # 64 tiles: under two a program
     assert pingpong_configs(big, sms=132, itemsize=4) == []                      # fp32
+    assert pingpong_configs(_geometry(8192, 16384, 3072), sms=132) == []         # a short main loop
+    a_transposed = GemmGeometry((), 8192, 16384, 4096, (1, 8192), (16384, 1), (), ())
+    assert pingpong_configs(a_transposed, sms=132) == []
     assert pingpong_configs(_geometry(8192, 16384, 4096, batch=(2,)), sms=132) == []
     grid, consts, warps, _ = gemm_launch_parameters(big, config)
     assert grid == (132,) and warps == 4 and consts == CONSTS

@@ -61,7 +61,7 @@ def compile_graph(graph: Graph, device: str | None = None, input_handles: Sequen
     layout_outputs (positions of 4-D outputs the caller takes in the layout the layout pass chose for
     them, reading the returned strides: channels-last ones are not copied back to row-major; the
     torch backend's saved activations, which the backward's plan then reads channels-last),
-    gemm_variant ("tiled", "persistent", "streamk", "splitk" or "gemv": only that kind of generated GEMM
+    gemm_variant ("tiled", "persistent", "streamk", "splitk", "gemv" or "pingpong": only that kind of generated GEMM
     candidate beside cuBLAS), gemm_candidates ("full", the default; "conv": the smaller set that 1x1
     convolutions' inner GEMM plans use, codegen/gemm_configs.GEMM_CANDIDATE_SETS).
     """

@@ -68,6 +68,12 @@ GEMV_MAX_M = 4              # the weight-streaming GEMV kernel takes problems of
 # PINGPONG_MIN_WAVES tiles a program (each program's two consumers need a tile each to overlap).
 PINGPONG_TILE = (128, 128, 64, 8, 4)   # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES
 PINGPONG_MIN_WAVES = 2
+# ... and of at least PINGPONG_MIN_K, A' read along K: it hides an epilogue behind the other consumer's
+# main loop, which must be long to pay for the 128x128 tile's lower operand reuse. Every candidate timed
+# in a cold GPT-2 step on the H200 (results/choices_gpt2_pingpong_20261202.txt): it lost all nine GEMMs
+# it was offered (K = 768-3072: 0.55-0.97x the best; A' transposed, K = 8192: 0.47x); it won gelu_mlp's
+# first GEMM (K = 4096, 1.09x our best Triton config and cuBLAS).
+PINGPONG_MIN_K = 4096
 
 
 @dataclass
@@ -251,11 +257,13 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 def pingpong_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2,
                      store_itemsize: int = 0) -> list[dict[str, Any]]:
     """The ping-pong kernel's config (VARIANT "pingpong"), for 16-bit problems of one batch entry with
-    at least PINGPONG_MIN_WAVES x `sms` tiles; stages lowered until its ring and its two consumers'
-    store tiles (`store_itemsize`: bytes per element of the TMA-stored output, 0 if none) fit."""
+    at least PINGPONG_MIN_WAVES x `sms` tiles and K >= PINGPONG_MIN_K, A' read along K; stages lowered
+    until its ring and its two consumers' store tiles (`store_itemsize`: bytes per element of the
+    TMA-stored output, 0 if none) fit."""
     bm, bn, bk, group, stages = PINGPONG_TILE
     tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
-    if geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms:
+    if (geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms or geometry.k < PINGPONG_MIN_K
+            or geometry.a_strides[1] != 1):
         return []
     while stages > 2 and stages * (bm + bn) * bk * itemsize + 2 * bm * bn * store_itemsize + TMA_STORE_SLACK \
             > SMEM_BYTES:
