@@ -273,8 +273,9 @@ def main() -> int:
              f"{opts.stages} stages"]
     g = fg.Graph("mm_bias_gelu", compute_dtype="float32")
     nk = opts.weight_nk   # the weight stored [N, K] (nn.Linear's), read transposed
-    x, bb = g.tensor((m, k), "bfloat16", "x"), g.tensor((n,), "bfloat16", "b")
+    x = g.tensor((m, k), "bfloat16", "x")   # inputs in the plan's positional order: x, w, b
     w = g.tensor((n, k) if nk else (k, n), "bfloat16", "w")
+    bb = g.tensor((n,), "bfloat16", "b")
     y = g.add(g.matmul(x, w, transpose_b=nk), bb)
     (g.gelu(y, approximate="tanh") if gelu else y).set_output()
     wt = b.t().contiguous() if nk else b

@@ -120,7 +120,8 @@ def _geometry(m: int, n: int, k: int, batch: tuple[int, ...] = ()) -> GemmGeomet
 
 def test_offered_to_large_16bit_problems_only() -> None:
     big = _geometry(8192, 16384, 4096)
-    (config,) = pingpong_configs(big, sms=132, store_itemsize=2)
+    config, grouped = pingpong_configs(big, sms=132, store_itemsize=2)
+    assert (config["GROUP_M"], grouped["GROUP_M"]) == (8, 16)
     assert config["VARIANT"] == "pingpong" and config["STAGES"] == 4 and config["NUM_PROGRAMS"] == 132
     ring = config["STAGES"] * (128 + 128) * 64 * 2
     assert ring + 2 * 128 * 128 * 2 <= SMEM_BYTES                     # ring + both consumers' store tiles fit
@@ -137,7 +138,7 @@ def test_offered_to_large_16bit_problems_only() -> None:
 def test_candidate_lists_hold_it_when_asked_and_never_for_conv_gemms() -> None:
     big = _geometry(8192, 16384, 4096)
     variants = [c.get("VARIANT", "tiled") for c in gemm_candidates(big, tma=True, pingpong_store_itemsize=2)]
-    assert variants.count("pingpong") == 1
+    assert variants.count("pingpong") == 2
     assert "pingpong" not in [c.get("VARIANT") for c in gemm_candidates(big, tma=True)]
     conv = gemm_candidates(big, tma=True, pingpong_store_itemsize=2, candidates="conv")
     assert "pingpong" not in [c.get("VARIANT") for c in conv]

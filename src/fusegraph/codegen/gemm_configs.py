@@ -67,6 +67,10 @@ GEMV_MAX_M = 4              # the weight-streaming GEMV kernel takes problems of
 # measured (bench/gluon_gemm_gpu.py: 128x128x64, 4 stages, GROUP_M 8), offered to problems of at least
 # PINGPONG_MIN_WAVES tiles a program (each program's two consumers need a tile each to overlap).
 PINGPONG_TILE = (128, 128, 64, 8, 4)   # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES
+# GROUP_M candidates: timed in alternation on gelu_mlp's first GEMM (results/gluon_gemm_sweep_20261202_2236.txt)
+# 4 stages with GROUP_M 16 ran 1.0% faster than with 8 (1509 / 1524 us medians), 4 stages 4.1% behind
+# 8; 3 stages 21-27% behind; 5 stages (beside the store tiles) 0-13% behind
+PINGPONG_GROUPS = (8, 16)
 PINGPONG_MIN_WAVES = 2
 # ... and of at least PINGPONG_MIN_K, A' read along K: it hides an epilogue behind the other consumer's
 # main loop, which must be long to pay for the 128x128 tile's lower operand reuse. Every candidate timed
@@ -256,11 +260,11 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 def pingpong_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2,
                      store_itemsize: int = 0) -> list[dict[str, Any]]:
-    """The ping-pong kernel's config (VARIANT "pingpong"), for 16-bit problems of one batch entry with
-    at least PINGPONG_MIN_WAVES x `sms` tiles and K >= PINGPONG_MIN_K, A' read along K; stages lowered
-    until its ring and its two consumers' store tiles (`store_itemsize`: bytes per element of the
-    TMA-stored output, 0 if none) fit."""
-    bm, bn, bk, group, stages = PINGPONG_TILE
+    """The ping-pong kernel's configs (VARIANT "pingpong", one per PINGPONG_GROUPS), for 16-bit
+    problems of one batch entry with at least PINGPONG_MIN_WAVES x `sms` tiles and K >= PINGPONG_MIN_K,
+    A' read along K; stages lowered until its ring and its two consumers' store tiles
+    (`store_itemsize`: bytes per element of the TMA-stored output, 0 if none) fit."""
+    bm, bn, bk, _, stages = PINGPONG_TILE
     tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
     if (geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms or geometry.k < PINGPONG_MIN_K
             or geometry.a_strides[1] != 1):
@@ -269,7 +273,7 @@ def pingpong_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 
             > SMEM_BYTES:
         stages -= 1
     return [{"VARIANT": "pingpong", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "STAGES": stages,
-             "NUM_PROGRAMS": min(sms, tiles), "num_warps": 4, "num_stages": stages}]
+             "NUM_PROGRAMS": min(sms, tiles), "num_warps": 4, "num_stages": stages} for group in PINGPONG_GROUPS]
 
 
 def candidate_set(options: dict[str, Any]) -> str:
