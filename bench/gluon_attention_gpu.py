@@ -5,8 +5,10 @@ Why: issue 4 asks 600 TFLOP/s for causal attention at B4 H32 S4096 D128 bf16; ou
 torch's cuDNN run ~520-530, cuDNN's best engine 557 (bench/RESULTS.md, twenty-sixth session). Our Triton
 kernel runs each key block's QK^T, softmax and PV in sequence on the same warps; Triton 3.6 offers warp
 specialization on Hopper only through Gluon. This kernel (one program per 128 query rows of one head):
-  - a producer warp loads the program's Q tile once and K/V blocks into a STAGES-deep ring by TMA
-    (`ready` barriers completed by the copies' bytes; `empty` arrived by both consumers);
+  - a producer warp loads the program's Q tile once, then K and V blocks by TMA into rings of their own
+    (K_STAGES, V_STAGES deep: a K block is free once its scores are computed, a V block one iteration
+    later), in the order they are needed: K0, then K(j+1) before V(j) (`ready` barriers completed by the
+    copies' bytes; `empty` arrived by both consumers);
   - two consumer warpgroups take 64 query rows each; each pipelines within itself: it issues key block
     j's S = Q K^T and block j-1's O += P V together, runs block j's softmax while both run, and rescales O
     after the PV finishes;
@@ -18,7 +20,7 @@ specialization on Hopper only through Gluon. This kernel (one program per 128 qu
 Prepared without a GPU: `--cpu-compile` compiles it for sm_90 on the CPU. On the GPU it checks its output
 against torch's SDPA (fp32 math) before timing it beside torch's SDPA backends and fusegraph's plan.
 
-    PYTHONPATH=src python bench/gluon_attention_gpu.py [--b 4 --h 32 --s 4096] [--stages 2]
+    PYTHONPATH=src python bench/gluon_attention_gpu.py [--b 4 --h 32 --s 4096] [--stages 3,3]
     python bench/gluon_attention_gpu.py --cpu-compile
 """
 
@@ -52,7 +54,8 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, S, STAGES: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
+              K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)      # longest rows first
@@ -62,12 +65,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empt
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, 0], q_bar, q_smem.index(1))
     n_blocks = (pid_m * 2 * HALF_M) // BLOCK_N + 1
+    # in the order the consumers need them: K0, then K(j+1) before V(j) (iteration j multiplies S(j) = Q K(j)^T
+    # and O += P(j-1) V(j-1))
+    mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0, 0], k_ready.index(0), k_smem.index(0))
     for j in range(n_blocks):
-        s = j % STAGES
-        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(s), k_smem.index(s))
-        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(s), v_smem.index(s))
+        if j + 1 < n_blocks:
+            ks = (j + 1) % K_STAGES
+            mbarrier.wait(k_empty.index(ks), (((j + 1) // K_STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [row0 + (j + 1) * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+        vs = j % V_STAGES
+        mbarrier.wait(v_empty.index(vs), ((j // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
 
 
 @gluon.jit
@@ -83,8 +94,8 @@ def _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, MASK: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              WHICH: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
+              WHICH: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
     HALF_M: gl.constexpr = q_smem.shape[1]
     HEAD_D: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -106,12 +117,13 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
     acc = gl.zeros([HALF_M, HEAD_D], gl.float32, o_layout)
     zero_s = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
 
-    # block 0: its scores alone (turn 0)
+    # block 0: its scores alone (turn 0); operands are waited for before the turn is taken
+    mbarrier.wait(k_ready.index(0), 0)
     mbarrier.wait(turn.index(WHICH), 1 ^ WHICH)
-    mbarrier.wait(ready.index(0), 0)
     s_acc = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - WHICH), count=1)
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_acc])
+    mbarrier.arrive(k_empty.index(0), count=1)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     if n_blocks == 1:
         p, m_i, alpha = _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, True)
@@ -121,32 +133,35 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
     p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
 
     for j in range(1, n_blocks):
-        s = j % STAGES
-        prev = (j - 1) % STAGES
+        ks = j % K_STAGES
+        vs = (j - 1) % V_STAGES
+        mbarrier.wait(k_ready.index(ks), (j // K_STAGES) & 1)
+        mbarrier.wait(v_ready.index(vs), ((j - 1) // V_STAGES) & 1)
         mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        s_acc = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s_acc = warpgroup_mma(q, k_smem.index(ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_smem.index(vs), acc, is_async=True)
         mbarrier.arrive(turn.index(1 - WHICH), count=1)       # the other consumer may issue its two GEMMs
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=[s_acc])
+        mbarrier.arrive(k_empty.index(ks), count=1)           # K(j) is read
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if j == n_blocks - 1:
             p, m_new, alpha = _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, True)
         else:
             p, m_new, alpha = _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, False)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index(prev), count=1)          # block j-1's K and V are read
+        mbarrier.arrive(v_empty.index(vs), count=1)           # V(j-1) is read
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         m_i = m_new
         p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
 
-    last = (n_blocks - 1) % STAGES
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     mbarrier.wait(turn.index(WHICH), (n_blocks & 1) ^ (1 - WHICH))
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     mbarrier.arrive(turn.index(1 - WHICH), count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    mbarrier.arrive(empty.index(last), count=1)
+    mbarrier.arrive(v_empty.index(last), count=1)
 
     # out = acc / l; lse (natural log) = (m + log2 l) / log2(e)
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -159,49 +174,58 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
 
 
 @gluon.jit
-def _consumer0(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr, S,
-               qk_scale, STAGES: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr, S, qk_scale, 0, STAGES)
+def _consumer0(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
+              0, K_STAGES, V_STAGES)
 
 
 @gluon.jit
-def _consumer1(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr, S,
-               qk_scale, STAGES: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr, S, qk_scale, 1, STAGES)
+def _consumer1(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
+              1, K_STAGES, V_STAGES)
 
 
 @gluon.jit
-def _producer_worker(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
-                     S, qk_scale, STAGES: gl.constexpr):
-    _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, S, STAGES)
+def _producer_worker(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
+              K_STAGES, V_STAGES)
 
 
 @gluon.jit
-def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, STAGES: gl.constexpr):
+def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr,
+                       V_STAGES: gl.constexpr):
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [K_STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_D], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)      # both consumers release a stage
+    for i in gl.static_range(K_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)      # both consumers release a stage
+    for i in gl.static_range(V_STAGES):
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
-        (_consumer0, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
-                      S, qk_scale, STAGES)),
-        (_consumer1, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr, lse_ptr,
-                      S, qk_scale, STAGES)),
-        (_producer_worker, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, o_ptr,
-                            lse_ptr, S, qk_scale, STAGES)),
+        (_consumer0, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
+        (_consumer1, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
+        (_producer_worker, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                            v_empty, turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -213,7 +237,8 @@ def descriptors(q2: torch.Tensor, k2: torch.Tensor, v2: torch.Tensor) -> tuple[A
             TensorDescriptor.from_tensor(v2, [BN, D], kv_layout))
 
 
-def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: tuple[int, int] = (3, 3)
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of q, k, v [B, H, S, 128] (contiguous, S a multiple of 128): (out, lse [B, H, S])."""
     b, h, s, d = q.shape
     assert d == D and s % BM == 0 and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
@@ -221,12 +246,12 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: int = 2
     lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
     q_desc, k_desc, v_desc = descriptors(q.view(-1, d), k.view(-1, d), v.view(-1, d))
     grid = (s // BM, b * h)
-    fg_gluon_flash_fwd[grid](q_desc, k_desc, v_desc, out, lse, s, LOG2E / math.sqrt(d), stages, num_warps=4,
+    fg_gluon_flash_fwd[grid](q_desc, k_desc, v_desc, out, lse, s, LOG2E / math.sqrt(d), *stages, num_warps=4,
                              maxnreg=168)
     return out, lse
 
 
-def cpu_compile(stages: int) -> int:
+def cpu_compile(stages: tuple[int, int]) -> int:
     """Compile the kernel for sm_90 without a GPU (no launch) and report its shared memory and PTX size."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -240,7 +265,7 @@ def cpu_compile(stages: int) -> int:
     fn = fg_gluon_flash_fwd
     values = {"q_desc": q_desc, "k_desc": k_desc, "v_desc": v_desc, "o_ptr": out, "lse_ptr": lse, "S": s,
               "qk_scale": 0.1}
-    constexprs = {"STAGES": stages}
+    constexprs = {"K_STAGES": stages[0], "V_STAGES": stages[1]}
     signature = {name: "constexpr" if name in constexprs else mangle_type(values[name]) for name in fn.arg_names}
     attrs = {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]}
     start = time.perf_counter()
@@ -258,12 +283,15 @@ def main() -> int:
     parser.add_argument("--b", type=int, default=4)
     parser.add_argument("--h", type=int, default=32)
     parser.add_argument("--s", type=int, default=4096)
-    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--stages", default="3,3", help="K and V ring stages (Q + both rings fit 227 KiB: "
+                        "K + V <= 6)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--cpu-compile", action="store_true")
     opts = parser.parse_args()
+    stages = tuple(int(x) for x in opts.stages.split(","))
+    assert len(stages) == 2
     if opts.cpu_compile:
-        return cpu_compile(opts.stages)
+        return cpu_compile(stages)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import torch.nn.functional as F
     from gemm_tune_gpu import alternating_rows
@@ -278,7 +306,7 @@ def main() -> int:
     flops = 4 * b * h * s * s * D // 2     # causal: half the score matrix, two GEMMs
     lines = [f"# python bench/gluon_attention_gpu.py {' '.join(sys.argv[1:])}; {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, triton {triton.__version__}",
-             f"causal attention forward B{b} H{h} S{s} D{D} bf16, blocks {BM}x{BN}, {opts.stages} stages "
+             f"causal attention forward B{b} H{h} S{s} D{D} bf16, blocks {BM}x{BN}, K/V stages {opts.stages} "
              f"({flops / 1e12:.3f} TFLOP a call)"]
     g = fg.Graph("sdpa_causal", compute_dtype="float32")
     gq, gk, gv = (g.tensor((b, h, s, D), "bfloat16", n) for n in "qkv")
@@ -292,7 +320,7 @@ def main() -> int:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return call
 
-    impls = {"gluon warp-specialized": lambda: flash_fwd(q, k, v, opts.stages)[0],
+    impls = {"gluon warp-specialized": lambda: flash_fwd(q, k, v, stages)[0],
              "fusegraph plan": lambda: plan(q, k, v),
              "torch cuDNN": backend(SDPBackend.CUDNN_ATTENTION),
              "torch flash": backend(SDPBackend.FLASH_ATTENTION)}
@@ -309,7 +337,7 @@ def main() -> int:
         except Exception as exc:  # report and go on: this kernel had not run on a GPU when written
             notes[name] = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
     try:   # the log-sum-exp the backward needs, against fp32
-        _, lse = flash_fwd(q, k, v, opts.stages)
+        _, lse = flash_fwd(q, k, v, stages)
         scores = (q[0, :2].float() @ k[0, :2].float().transpose(-1, -2)) / math.sqrt(D)   # two heads
         scores = scores.masked_fill(torch.ones(s, s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
         lse_err = ((lse[0, :2] - torch.logsumexp(scores, -1)).abs().max()).item()
