@@ -83,12 +83,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_
 
 @gluon.jit
 def _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, MASK: gl.constexpr):
-    """Block scores -> (p, new row max, alpha = exp2(old max - new max)), base-2 domain."""
-    s_acc = s_acc * qk_scale
+    """Block scores -> (p, new row max, alpha = exp2(old max - new max)), base-2 domain. The scale goes into
+    the max (one multiply a row) and into the exponent's argument as one fused multiply-add an element."""
     if MASK:
         s_acc = gl.where(gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1), s_acc, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s_acc, axis=1))
-    p = gl.exp2(s_acc - gl.expand_dims(m_new, 1))
+    m_new = gl.maximum(m_i, gl.max(s_acc, axis=1) * qk_scale)
+    p = gl.exp2(s_acc * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     return p, m_new, alpha
 
