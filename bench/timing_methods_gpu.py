@@ -12,7 +12,6 @@ power.draw --format=csv -lms 100`) shows what the card ran at during each.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
