@@ -30,11 +30,11 @@ import argparse
 import math
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 import triton
+from gluon_common import checked, compile_for_sm90
 from out_files import write_report
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -253,10 +253,6 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: tuple[i
 
 def cpu_compile(stages: tuple[int, int]) -> int:
     """Compile the kernel for sm_90 without a GPU (no launch) and report its shared memory and PTX size."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     b, h, s = 1, 2, 512
     q = torch.empty(b * h * s, D, dtype=torch.bfloat16)
     q_desc, k_desc, v_desc = descriptors(q, q, q)
@@ -266,16 +262,8 @@ def cpu_compile(stages: tuple[int, int]) -> int:
     values = {"q_desc": q_desc, "k_desc": k_desc, "v_desc": v_desc, "o_ptr": out, "lse_ptr": lse, "S": s,
               "qk_scale": 0.1}
     constexprs = {"K_STAGES": stages[0], "V_STAGES": stages[1]}
-    signature = {name: "constexpr" if name in constexprs else mangle_type(values[name]) for name in fn.arg_names}
     attrs = {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]}
-    start = time.perf_counter()
-    compiled = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "maxnreg": 168})
-    ptx = compiled.asm["ptx"]
-    print(f"compiled for sm_90 in {time.perf_counter() - start:.1f} s: shared {compiled.metadata.shared} bytes, "
-          f"{ptx.count('wgmma.mma_async')} wgmma, {ptx.count('cp.async.bulk.tensor')} TMA copies, "
-          f"{ptx.count('setmaxnreg')} setmaxnreg in the PTX")
-    return 0
+    return compile_for_sm90(fn, values, constexprs, attrs)
 
 
 def main() -> int:
@@ -324,18 +312,7 @@ def main() -> int:
              "fusegraph plan": lambda: plan(q, k, v),
              "torch cuDNN": backend(SDPBackend.CUDNN_ATTENTION),
              "torch flash": backend(SDPBackend.FLASH_ATTENTION)}
-    timed, notes = [], {}
-    for name, fn in impls.items():   # each checked against fp32 torch before any timing
-        try:
-            out = fn()
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            if err > 2e-2:
-                notes[name] = f"WRONG: relative error {err:.3g}"
-                continue
-            notes[name] = f"(error {err:.2e})"
-            timed.append((name, fn))
-        except Exception as exc:  # report and go on: this kernel had not run on a GPU when written
-            notes[name] = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
+    timed, notes = checked(impls, ref)   # each checked against torch before any timing
     try:   # the log-sum-exp the backward needs, against fp32
         _, lse = flash_fwd(q, k, v, stages)
         scores = (q[0, :2].float() @ k[0, :2].float().transpose(-1, -2)) / math.sqrt(D)   # two heads

@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 import triton
+from gluon_common import checked, compile_for_sm90
 from out_files import write_report
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -212,10 +212,6 @@ def gemm_bias_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, stages:
 
 def cpu_compile(stages: int) -> int:
     """Compile the kernel for sm_90 without a GPU (no launch) and report its shared memory and PTX size."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     m, n, k = 1024, 1024, 512
     a = torch.empty(m, k, dtype=torch.bfloat16)
     b = torch.empty(k, n, dtype=torch.bfloat16)
@@ -225,15 +221,7 @@ def cpu_compile(stages: int) -> int:
     fn = fg_gluon_pingpong_gemm
     values = {"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, "bias_ptr": bias, "M": m, "N": n, "K": k}
     constexprs = {"STAGES": stages, "GROUP": GROUP_M, "GELU": True}
-    signature = {name: "constexpr" if name in constexprs else mangle_type(values[name]) for name in fn.arg_names}
-    src = GluonASTSource(fn, signature, constexprs)
-    start = time.perf_counter()
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
-    ptx = compiled.asm["ptx"]
-    print(f"compiled for sm_90 in {time.perf_counter() - start:.1f} s: shared {compiled.metadata.shared} bytes, "
-          f"{ptx.count('wgmma.mma_async')} wgmma, {ptx.count('cp.async.bulk.tensor')} TMA copies, "
-          f"{ptx.count('setmaxnreg')} setmaxnreg in the PTX")
-    return 0
+    return compile_for_sm90(fn, values, constexprs)
 
 
 def main() -> int:
@@ -294,18 +282,7 @@ def main() -> int:
     for tag, kernel in ((t, p.kernels) for t, p in (("fusegraph plan", plan), ("fusegraph ping-pong", forced))):
         lines.append(f"  {tag}: " + "; ".join(f"{k.name} {k.backend} {k.config.get('VARIANT', '')}"
                                              for k in kernel if k.kind == "matmul"))
-    timed, notes = [], {}
-    for name, fn in impls.items():   # each checked against torch before any timing
-        try:
-            out = fn()
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            if err > 2e-2:
-                notes[name] = f"WRONG: relative error {err:.3g}"
-                continue
-            notes[name] = f"(error {err:.2e})"
-            timed.append((name, fn))
-        except Exception as exc:  # report and go on
-            notes[name] = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
+    timed, notes = checked(impls, ref)   # each checked against torch before any timing
     # timed in alternation (rounds of every candidate): power and clock drift fall on all alike
     lines += alternating_rows(timed, list(impls), notes, flops,
                               lambda med: med.get("cuBLAS + torch epilogue"), rounds=opts.rounds, width=30)
