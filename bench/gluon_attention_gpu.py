@@ -13,9 +13,11 @@ specialization on Hopper only through Gluon. This kernel (one program per 128 qu
     j's S = Q K^T and block j-1's O += P V together, runs block j's softmax while both run, and rescales O
     after the PV finishes;
   - the two consumers alternate on the tensor cores: a `turn` barrier pair hands the issue of each
-    iteration's two GEMMs from one consumer to the other, so one's softmax runs under the other's GEMMs;
+    iteration's two GEMMs from one consumer to the other, so one's softmax runs under the other's GEMMs
+    (TURN; without it the two run free);
   - causal: the program's key blocks stop at its diagonal block, the only one masked; programs run the
-    longest rows first (the grid's first axis walks query blocks from the end).
+    longest rows first (HEADS_FIRST: every head's last query block before any head's second-to-last; else
+    one head's blocks after another, each head's from its last).
 
 Prepared without a GPU: `--cpu-compile` compiles it for sm_90 on the CPU. On the GPU it checks its output
 against torch's SDPA (fp32 math) before timing it beside torch's SDPA backends and fusegraph's plan.
@@ -54,12 +56,23 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
+def _program(HEADS_FIRST: gl.constexpr):
+    """(query block, head) of this program, longest rows first: with HEADS_FIRST the grid is (heads, query
+    blocks) and every head's last query block launches before any head's second-to-last; else (query blocks,
+    heads), one head's blocks after another."""
+    if HEADS_FIRST:
+        return gl.num_programs(1) - 1 - gl.program_id(1), gl.program_id(0)
+    return gl.num_programs(0) - 1 - gl.program_id(0), gl.program_id(1)
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
-              K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+              K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
+              HEADS_FIRST: gl.constexpr):
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)      # longest rows first
-    row0 = gl.program_id(1) * S                             # this head's first row in the [B*H*S, D] views
+    pid_m, bh = _program(HEADS_FIRST)
+    row0 = bh * S                                           # this head's first row in the [B*H*S, D] views
     q_row = row0 + pid_m * 2 * HALF_M
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
@@ -95,7 +108,8 @@ def _softmax_step(s_acc, m_i, qk_scale, offs_m, offs_n, MASK: gl.constexpr):
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              WHICH: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+              WHICH: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
+              HEADS_FIRST: gl.constexpr):
     HALF_M: gl.constexpr = q_smem.shape[1]
     HEAD_D: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -104,8 +118,7 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
+    pid_m, bh = _program(HEADS_FIRST)
     q_start = pid_m * 2 * HALF_M + WHICH * HALF_M           # first query row of this consumer, within the head
     n_blocks = (pid_m * 2 * HALF_M) // BLOCK_N + 1           # the last is the diagonal block
     offs_m = q_start + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
@@ -119,9 +132,11 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
 
     # block 0: its scores alone (turn 0); operands are waited for before the turn is taken
     mbarrier.wait(k_ready.index(0), 0)
-    mbarrier.wait(turn.index(WHICH), 1 ^ WHICH)
+    if TURN:
+        mbarrier.wait(turn.index(WHICH), 1 ^ WHICH)
     s_acc = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - WHICH), count=1)
+    if TURN:
+        mbarrier.arrive(turn.index(1 - WHICH), count=1)
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_acc])
     mbarrier.arrive(k_empty.index(0), count=1)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -137,10 +152,12 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
         vs = (j - 1) % V_STAGES
         mbarrier.wait(k_ready.index(ks), (j // K_STAGES) & 1)
         mbarrier.wait(v_ready.index(vs), ((j - 1) // V_STAGES) & 1)
-        mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
+        if TURN:
+            mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
         s_acc = warpgroup_mma(q, k_smem.index(ks).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(vs), acc, is_async=True)
-        mbarrier.arrive(turn.index(1 - WHICH), count=1)       # the other consumer may issue its two GEMMs
+        if TURN:
+            mbarrier.arrive(turn.index(1 - WHICH), count=1)       # the other consumer may issue its two GEMMs
         s_acc = warpgroup_mma_wait(num_outstanding=1, deps=[s_acc])
         mbarrier.arrive(k_empty.index(ks), count=1)           # K(j) is read
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -157,9 +174,11 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
 
     last = (n_blocks - 1) % V_STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // V_STAGES) & 1)
-    mbarrier.wait(turn.index(WHICH), (n_blocks & 1) ^ (1 - WHICH))
+    if TURN:
+        mbarrier.wait(turn.index(WHICH), (n_blocks & 1) ^ (1 - WHICH))
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - WHICH), count=1)
+    if TURN:
+        mbarrier.arrive(turn.index(1 - WHICH), count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     mbarrier.arrive(v_empty.index(last), count=1)
 
@@ -175,28 +194,31 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
 
 @gluon.jit
 def _consumer0(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
+               HEADS_FIRST: gl.constexpr):
     _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              0, K_STAGES, V_STAGES)
+              0, K_STAGES, V_STAGES, TURN, HEADS_FIRST)
 
 
 @gluon.jit
 def _consumer1(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
+               HEADS_FIRST: gl.constexpr):
     _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              1, K_STAGES, V_STAGES)
+              1, K_STAGES, V_STAGES, TURN, HEADS_FIRST)
 
 
 @gluon.jit
 def _producer_worker(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+                     turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                     TURN: gl.constexpr, HEADS_FIRST: gl.constexpr):
     _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
-              K_STAGES, V_STAGES)
+              K_STAGES, V_STAGES, TURN, HEADS_FIRST)
 
 
 @gluon.jit
 def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr,
-                       V_STAGES: gl.constexpr):
+                       V_STAGES: gl.constexpr, TURN: gl.constexpr, HEADS_FIRST: gl.constexpr):
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -221,11 +243,11 @@ def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, K_ST
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_consumer0, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
+                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
         (_consumer1, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
+                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
         (_producer_worker, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                            v_empty, turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES)),
+                            v_empty, turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -237,17 +259,17 @@ def descriptors(q2: torch.Tensor, k2: torch.Tensor, v2: torch.Tensor) -> tuple[A
             TensorDescriptor.from_tensor(v2, [BN, D], kv_layout))
 
 
-def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: tuple[int, int] = (3, 3)
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stages: tuple[int, int] = (3, 3),
+              turn: bool = True, heads_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of q, k, v [B, H, S, 128] (contiguous, S a multiple of 128): (out, lse [B, H, S])."""
     b, h, s, d = q.shape
     assert d == D and s % BM == 0 and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
     q_desc, k_desc, v_desc = descriptors(q.view(-1, d), k.view(-1, d), v.view(-1, d))
-    grid = (s // BM, b * h)
-    fg_gluon_flash_fwd[grid](q_desc, k_desc, v_desc, out, lse, s, LOG2E / math.sqrt(d), *stages, num_warps=4,
-                             maxnreg=168)
+    grid = (b * h, s // BM) if heads_first else (s // BM, b * h)
+    fg_gluon_flash_fwd[grid](q_desc, k_desc, v_desc, out, lse, s, LOG2E / math.sqrt(d), *stages, turn, heads_first,
+                             num_warps=4, maxnreg=168)
     return out, lse
 
 
@@ -261,7 +283,7 @@ def cpu_compile(stages: tuple[int, int]) -> int:
     fn = fg_gluon_flash_fwd
     values = {"q_desc": q_desc, "k_desc": k_desc, "v_desc": v_desc, "o_ptr": out, "lse_ptr": lse, "S": s,
               "qk_scale": 0.1}
-    constexprs = {"K_STAGES": stages[0], "V_STAGES": stages[1]}
+    constexprs = {"K_STAGES": stages[0], "V_STAGES": stages[1], "TURN": True, "HEADS_FIRST": True}
     attrs = {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]}
     return compile_for_sm90(fn, values, constexprs, attrs)
 
@@ -309,6 +331,9 @@ def main() -> int:
         return call
 
     impls = {"gluon warp-specialized": lambda: flash_fwd(q, k, v, stages)[0],
+             "gluon, heads first": lambda: flash_fwd(q, k, v, stages, heads_first=True)[0],
+             "gluon, no turn": lambda: flash_fwd(q, k, v, stages, turn=False)[0],
+             "gluon, heads first, no turn": lambda: flash_fwd(q, k, v, stages, turn=False, heads_first=True)[0],
              "fusegraph plan": lambda: plan(q, k, v),
              "torch cuDNN": backend(SDPBackend.CUDNN_ATTENTION),
              "torch flash": backend(SDPBackend.FLASH_ATTENTION)}
@@ -323,7 +348,7 @@ def main() -> int:
     except Exception as exc:
         lines.append(f"  gluon lse: ERROR {type(exc).__name__}: {str(exc)[:300]}")
     lines += alternating_rows(timed, list(impls), notes, flops, lambda med: med.get("torch cuDNN"),
-                              rounds=opts.rounds, width=24)
+                              rounds=opts.rounds, width=28)
     print("\n".join(lines), flush=True)
     write_report("gluon_attention", lines)
     return 0
