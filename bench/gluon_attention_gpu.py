@@ -67,8 +67,7 @@ def _program(HEADS_FIRST: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
-              K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
-              HEADS_FIRST: gl.constexpr):
+              K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, HEADS_FIRST: gl.constexpr):
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
     pid_m, bh = _program(HEADS_FIRST)
@@ -193,30 +192,6 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
 
 
 @gluon.jit
-def _consumer0(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
-               HEADS_FIRST: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              0, K_STAGES, V_STAGES, TURN, HEADS_FIRST)
-
-
-@gluon.jit
-def _consumer1(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-               o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, TURN: gl.constexpr,
-               HEADS_FIRST: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S, qk_scale,
-              1, K_STAGES, V_STAGES, TURN, HEADS_FIRST)
-
-
-@gluon.jit
-def _producer_worker(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                     TURN: gl.constexpr, HEADS_FIRST: gl.constexpr):
-    _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
-              K_STAGES, V_STAGES, TURN, HEADS_FIRST)
-
-
-@gluon.jit
 def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, K_STAGES: gl.constexpr,
                        V_STAGES: gl.constexpr, TURN: gl.constexpr, HEADS_FIRST: gl.constexpr):
     HALF_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -241,13 +216,14 @@ def fg_gluon_flash_fwd(q_desc, k_desc, v_desc, o_ptr, lse_ptr, S, qk_scale, K_ST
         mbarrier.init(v_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+    # one function serves both consumers: WHICH, a constexpr, is written into each partition's tuple
     gl.warp_specialize([
-        (_consumer0, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
-        (_consumer1, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                      o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
-        (_producer_worker, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                            v_empty, turn, o_ptr, lse_ptr, S, qk_scale, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S,
+                     qk_scale, 0, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn, o_ptr, lse_ptr, S,
+                     qk_scale, 1, K_STAGES, V_STAGES, TURN, HEADS_FIRST)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, S,
+                     K_STAGES, V_STAGES, HEADS_FIRST)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
