@@ -118,10 +118,11 @@ _register("gemm_tma_store", bool, lambda: True,
           "it, best pointer-store config 1.03 ms (bench/results/ab_gpt2_norm_residual_20261201_2100.txt tune "
           "report, profile_gpt2_final_20261201_2125.txt).")
 _register("gemm_pingpong", bool, lambda: True,
-          "On a Hopper GPU (compute capability 9), large 16-bit GEMMs also get the warp-specialized ping-pong "
-          "kernel written in Gluon (codegen/matmul_pingpong.py) as an autotuned candidate: two consumer "
-          "warpgroups on alternate tiles, so one's epilogue runs under the other's main loop. gelu_mlp's first "
-          "GEMM + bias + GELU on an H200: 736 TFLOP/s against 672 for our best Triton config and cuBLAS "
+          "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096, A read along K and an "
+          "epilogue beyond a bias also get the warp-specialized ping-pong kernel written in Gluon "
+          "(codegen/matmul_pingpong.py, offer rules in codegen/gemm_configs.py) as an autotuned candidate: two "
+          "consumer warpgroups on alternate tiles, so one's epilogue runs under the other's main loop. gelu_mlp's "
+          "first GEMM + bias + GELU on an H200: 736 TFLOP/s against 672 for our best Triton config and cuBLAS "
           "(bench/gluon_gemm_gpu.py).")
 _register("gemm_streamk", bool, lambda: False,
           "Large GEMMs whose last wave of tiles leaves SMs idle also get a stream-K candidate (the persistent "
