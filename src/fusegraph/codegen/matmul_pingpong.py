@@ -236,15 +236,7 @@ class _PingPongWriter(_GemmWriter):
         add("            zero_mn = zero_m + offs_n * 0")
         L.extend(epilogue)
         add("    tma.store_wait(0)\n\n")
-        # the partitions (warp_specialize passes every partition the same argument tuple)
-        args = f"{ptr_list}, out_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, turn, c_smem0, c_smem1"
         pass_consts = ", ".join(PINGPONG_CONSTS)
-        add(f"@gluon.jit\ndef {name}_c0({args}, {consts}):")
-        add(f"    {name}_mma({ptr_list}, out_desc, a_bufs, b_bufs, ready, empty, turn, c_smem0, 0, {pass_consts})\n\n")
-        add(f"@gluon.jit\ndef {name}_c1({args}, {consts}):")
-        add(f"    {name}_mma({ptr_list}, out_desc, a_bufs, b_bufs, ready, empty, turn, c_smem1, 1, {pass_consts})\n\n")
-        add(f"@gluon.jit\ndef {name}_p({args}, {consts}):")
-        add(f"    {name}_load(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {pass_consts})\n\n")
         # the kernel: descriptors, shared memory, barriers, then the three partitions
         add(f"@gluon.jit\ndef {name}({ptr_list}, {consts}):")
         add(f"    {sizes}")
@@ -277,11 +269,14 @@ class _PingPongWriter(_GemmWriter):
         add("        mbarrier.init(empty.index(i), count=1)")
         add("    for i in gl.static_range(2):")
         add("        mbarrier.init(turn.index(i), count=1)")
-        # (each tuple written out: a tuple of constexprs assigned to a variable reached the partitions as
-        # tensors wrapped in constexprs, which shapes reject)
+        # the partitions: both consumers run one function, WHICH (a constexpr) written into each tuple (a tuple
+        # of constexprs assigned to a variable reached the partitions as tensors wrapped in constexprs, which
+        # shapes reject: every tuple is written out)
+        mma_args = f"{ptr_list}, out_desc, a_bufs, b_bufs, ready, empty, turn"
         add("    gl.warp_specialize([")
-        for part in ("c0", "c1", "p"):
-            add(f"        ({name}_{part}, ({args}, {pass_consts})),")
+        add(f"        ({name}_mma, ({mma_args}, c_smem0, 0, {pass_consts})),")
+        add(f"        ({name}_mma, ({mma_args}, c_smem1, 1, {pass_consts})),")
+        add(f"        ({name}_load, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {pass_consts})),")
         add(f"    ], [4, 1], [{PINGPONG_CONSUMER_REGS}, {PINGPONG_PRODUCER_REGS}])")
         return PINGPONG_HEADER + "\n".join(L) + "\n"
 
