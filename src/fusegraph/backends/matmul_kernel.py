@@ -464,9 +464,7 @@ def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup,
     """Tiled, persistent (stream-K with settings.gemm_streamk) and split-K configs of this GEMM on
     `device` (warp specialization only where Triton 3.6 supports it: Blackwell, compute capability >= 10),
     from the candidate set `candidates` (gemm_configs.GEMM_CANDIDATE_SETS)."""
-    # the ping-pong kernel hides an epilogue: one of at most a bias cuBLAS runs in its own call (gelu_mlp's
-    # second GEMM: 1427 us against the ping-pong kernel's 1467, bench/gluon_gemm_gpu.py --no-gelu)
-    pingpong = "pingpong" in gen.variants and len(group.epilogue_nodes) > 1 and _pingpong_available(device)
+    pingpong = "pingpong" in gen.variants and _pingpong_available(device)
     return gemm_candidates(gen.geometry, tma=gen.tma and _tma_available(device), sms=sm_count(device),
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
                            warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize,

@@ -360,12 +360,11 @@ def gemm_launch_parameters(geometry: GemmGeometry, config: dict[str, Any]) -> tu
     tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
     batch = max(1, geometry.batch_numel)
     variant = config.get("VARIANT", "tiled")
-    consts: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
-                              "EVEN_K": geometry.k % bk == 0, "USE_TMA": bool(config.get("USE_TMA", False))}
+    consts: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"])}
     if variant == "pingpong":
-        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": int(config["GROUP_M"]),
-                  "STAGES": int(config["STAGES"])}
+        consts["STAGES"] = int(config["STAGES"])
         return (min(int(config["NUM_PROGRAMS"]), tiles),), consts, 4, int(config["STAGES"])
+    consts.update(EVEN_K=geometry.k % bk == 0, USE_TMA=bool(config.get("USE_TMA", False)))
     if variant in ("persistent", "streamk"):
         programs = min(int(config["NUM_PROGRAMS"]), tiles)
         consts.update(NUM_PROGRAMS=programs, FLATTEN=bool(config.get("FLATTEN", True)),

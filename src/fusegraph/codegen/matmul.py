@@ -179,12 +179,13 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
     if settings.gemm_streamk and not tiled.geo.batch:   # the last wave shared out over one batch entry's programs
         variants["streamk"] = ((f"{name}_streamk",),
                                HEADER + _GemmWriter(group, f"{name}_streamk").write_persistent(streamk=True))
+    pingpong = None
     if settings.gemm_pingpong:   # the warp-specialized Hopper kernel in Gluon, where it covers the group
-        from .matmul_pingpong import generate_pingpong, pingpong_store_itemsize
+        from .matmul_pingpong import generate_pingpong
 
         pingpong = generate_pingpong(group, f"{name}_pingpong")
         if pingpong is not None:
-            variants["pingpong"] = ((f"{name}_pingpong",), pingpong)
+            variants["pingpong"] = ((f"{name}_pingpong",), pingpong[0])
     if gemv_covers(tiled.geo):
         variants["gemv"] = ((f"{name}_gemv",), HEADER + _GemmWriter(group, f"{name}_gemv").write_gemv())
     atomic = tuple(range(len(group.epilogue.stores), len(tiled.outputs)))
@@ -192,7 +193,7 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
     store_itemsize = sum(dtypes.itemsize(by_key[key].dtype) for key in tiled.tma_stores)
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
                          variants=variants, atomic_max_outputs=atomic, tma_store_itemsize=store_itemsize,
-                         pingpong_store_itemsize=pingpong_store_itemsize(group) if "pingpong" in variants else 0)
+                         pingpong_store_itemsize=pingpong[1] if pingpong is not None else 0)
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")
