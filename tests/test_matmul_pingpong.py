@@ -129,11 +129,24 @@ def test_offered_to_large_16bit_problems_only() -> None:
     assert pingpong_configs(_geometry(1024, 1024, 4096), sms=132) == []          # 64 tiles: under two a program
     assert pingpong_configs(big, sms=132, itemsize=4) == []                      # fp32
     assert pingpong_configs(_geometry(8192, 16384, 3072), sms=132) == []         # a short main loop
+    fc = _geometry(8192, 3072, 768)                                              # GPT-2's fc layer
+    assert pingpong_configs(fc, sms=132) == []                                   # ... with a bias at most
+    assert len(pingpong_configs(fc, sms=132, activation=True)) == 2              # ... with its GELU
+    assert pingpong_configs(_geometry(8192, 3072, 256), sms=132, activation=True) == []
     a_transposed = GemmGeometry((), 8192, 16384, 4096, (1, 8192), (16384, 1), (), ())
     assert pingpong_configs(a_transposed, sms=132) == []
     assert pingpong_configs(_geometry(8192, 16384, 4096, batch=(2,)), sms=132) == []
     grid, consts, warps, _ = gemm_launch_parameters(big, config)
     assert grid == (132,) and warps == 4 and consts == CONSTS
+
+
+def test_an_activation_in_the_epilogue_is_flagged_for_the_shorter_k() -> None:
+    for act, flagged in (("gelu", True), ("silu", True), (None, False)):
+        gen = generate_gemm(_group(_linear(8192, 3072, 768, act=act, residual=act is None)[0]), f"act_{act}")
+        assert "pingpong" in gen.variants and gen.pingpong_activation is flagged, act
+        offered = gemm_candidates(gen.geometry, tma=True, sms=132, pingpong_store_itemsize=2,
+                                  pingpong_activation=gen.pingpong_activation)
+        assert any(c.get("VARIANT") == "pingpong" for c in offered) is flagged, act
 
 
 def test_candidate_lists_hold_it_when_asked_and_never_for_conv_gemms() -> None:

@@ -469,7 +469,8 @@ def _gemm_candidates(gen: GeneratedGemm, device: str, group: MatmulGroup,
                            itemsize=dtypes.itemsize(group.matmul.inputs[0].dtype),
                            warp_specialize=_capability(device) >= 10, store_itemsize=gen.tma_store_itemsize,
                            streamk=settings.gemm_streamk and "streamk" in gen.variants, candidates=candidates,
-                           pingpong_store_itemsize=gen.pingpong_store_itemsize if pingpong else None)
+                           pingpong_store_itemsize=gen.pingpong_store_itemsize if pingpong else None,
+                           pingpong_activation=gen.pingpong_activation)
 
 
 def _pingpong_available(device: str) -> bool:

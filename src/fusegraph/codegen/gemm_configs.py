@@ -78,6 +78,11 @@ PINGPONG_MIN_WAVES = 2
 # it was offered (K = 768-3072: 0.55-0.97x the best; A' transposed, K = 8192: 0.47x); it won gelu_mlp's
 # first GEMM (K = 4096, 1.09x our best Triton config and cuBLAS).
 PINGPONG_MIN_K = 4096
+# ... or of at least PINGPONG_MIN_K_ACTIVATION when the epilogue computes an activation (a transcendental
+# function: GELU's tanh or erf, SiLU's sigmoid, ...). Those nine GEMMs had a bias at most; with the bias
+# alone GPT-2's fc GEMM (8192 x 3072 x 768) ran 0.97x cuBLAS + bias (73.0 against 71.0 us), and cuBLAS
+# then pays the activation as a second launch over the stored product.
+PINGPONG_MIN_K_ACTIVATION = 512
 
 
 @dataclass
@@ -259,14 +264,16 @@ def split_k_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2
 
 
 def pingpong_configs(geometry: GemmGeometry, *, sms: int = SMS, itemsize: int = 2,
-                     store_itemsize: int = 0) -> list[dict[str, Any]]:
+                     store_itemsize: int = 0, activation: bool = False) -> list[dict[str, Any]]:
     """The ping-pong kernel's configs (VARIANT "pingpong", one per PINGPONG_GROUPS), for 16-bit
-    problems of one batch entry with at least PINGPONG_MIN_WAVES x `sms` tiles and K >= PINGPONG_MIN_K,
+    problems of one batch entry with at least PINGPONG_MIN_WAVES x `sms` tiles and K >= PINGPONG_MIN_K
+    (PINGPONG_MIN_K_ACTIVATION with `activation`: the epilogue computes a transcendental function),
     A' read along K; stages lowered until its ring and its two consumers' store tiles
     (`store_itemsize`: bytes per element of the TMA-stored output, 0 if none) fit."""
     bm, bn, bk, _, stages = PINGPONG_TILE
     tiles = _cdiv(geometry.m, bm) * _cdiv(geometry.n, bn)
-    if (geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms or geometry.k < PINGPONG_MIN_K
+    min_k = PINGPONG_MIN_K_ACTIVATION if activation else PINGPONG_MIN_K
+    if (geometry.batch or itemsize != 2 or tiles < PINGPONG_MIN_WAVES * sms or geometry.k < min_k
             or geometry.a_strides[1] != 1):
         return []
     while stages > 2 and stages * (bm + bn) * bk * itemsize + 2 * bm * bn * store_itemsize + TMA_STORE_SLACK \
@@ -292,12 +299,14 @@ def _checked_set(name: Any) -> str:
 def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS, itemsize: int = 2,
                     warp_specialize: bool = False, store_itemsize: int = 0,
                     streamk: bool = False, candidates: str = "full",
-                    pingpong_store_itemsize: int | None = None) -> list[dict[str, Any]]:
+                    pingpong_store_itemsize: int | None = None,
+                    pingpong_activation: bool = False) -> list[dict[str, Any]]:
     """Every generated-kernel candidate of a GEMM: tiled, then persistent, stream-K (with `streamk`),
     then split-K, then the ping-pong kernel (when `pingpong_store_itemsize` is given: the group has that
     variant and the GPU runs it; the bytes per element its TMA-stored output takes). `store_itemsize`:
-    bytes per element of the outputs the TMA path stores through descriptors. `candidates` "conv" (a 1x1
-    convolution's inner GEMM): no tiled TMA config, CONV_PERSISTENT_CANDIDATES persistent ones and no
+    bytes per element of the outputs the TMA path stores through descriptors; `pingpong_activation`: the
+    epilogue computes an activation (the ping-pong kernel is offered from a shorter K). `candidates`
+    "conv" (a 1x1 convolution's inner GEMM): no tiled TMA config, CONV_PERSISTENT_CANDIDATES persistent ones and no
     ping-pong kernel (see GEMM_CANDIDATE_SETS)."""
     conv = _checked_set(candidates) == "conv"
     persistent = persistent_configs(geometry, tma, sms=sms, itemsize=itemsize, warp_specialize=warp_specialize,
@@ -307,7 +316,8 @@ def gemm_candidates(geometry: GemmGeometry, tma: bool = False, *, sms: int = SMS
             + (streamk_configs(geometry, tma, sms=sms, itemsize=itemsize, store_itemsize=store_itemsize)
                if streamk else [])
             + split_k_configs(geometry, sms=sms, itemsize=itemsize)
-            + (pingpong_configs(geometry, sms=sms, itemsize=itemsize, store_itemsize=pingpong_store_itemsize)
+            + (pingpong_configs(geometry, sms=sms, itemsize=itemsize, store_itemsize=pingpong_store_itemsize,
+                                activation=pingpong_activation)
                if pingpong_store_itemsize is not None and not conv else []))
 
 

@@ -67,6 +67,9 @@ class GeneratedGemm:
     # bytes per element of the output the ping-pong variant stores through TMA (0: none; its two
     # consumers each stage a BLOCK_M x BLOCK_N tile of it)
     pingpong_store_itemsize: int = 0
+    # the epilogue computes an activation (a transcendental function): the ping-pong variant is offered
+    # from a shorter K (gemm_configs.PINGPONG_MIN_K_ACTIVATION)
+    pingpong_activation: bool = False
 
     def source_of(self, variant: str) -> str:
         return self.source if variant == "tiled" else self.variants[variant][1]
@@ -181,7 +184,7 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
                                HEADER + _GemmWriter(group, f"{name}_streamk").write_persistent(streamk=True))
     pingpong = None
     if settings.gemm_pingpong:   # the warp-specialized Hopper kernel in Gluon, where it covers the group
-        from .matmul_pingpong import generate_pingpong
+        from .matmul_pingpong import epilogue_activation, generate_pingpong
 
         pingpong = generate_pingpong(group, f"{name}_pingpong")
         if pingpong is not None:
@@ -193,7 +196,8 @@ def generate_gemm(group: MatmulGroup, name: str) -> GeneratedGemm:
     store_itemsize = sum(dtypes.itemsize(by_key[key].dtype) for key in tiled.tma_stores)
     return GeneratedGemm(name, source, tiled.kernel_inputs, tiled.outputs, tiled.geo, tma=tiled.tma is not None,
                          variants=variants, atomic_max_outputs=atomic, tma_store_itemsize=store_itemsize,
-                         pingpong_store_itemsize=pingpong[1] if pingpong is not None else 0)
+                         pingpong_store_itemsize=pingpong[1] if pingpong is not None else 0,
+                         pingpong_activation=pingpong is not None and epilogue_activation(group))
 
 
 _TILE_VAR = re.compile(r"\boffs_([mn])\b")

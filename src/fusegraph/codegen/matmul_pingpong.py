@@ -72,6 +72,15 @@ def gluon_line(line: str) -> str | None:
     return _TL_NAME.sub(r"gl.\1", line)
 
 
+# epilogue ops that make it worth hiding behind the other consumer's main loop even when K is short
+ACTIVATION_OPS = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "gelu", "silu", "softplus", "elu", "erf"})
+
+
+def epilogue_activation(group: MatmulGroup) -> bool:
+    """Does the group's epilogue compute a transcendental function (an activation such as GELU)?"""
+    return any(n.op in ACTIVATION_OPS for n in group.epilogue_nodes)
+
+
 def pingpong_supported(group: MatmulGroup) -> str | None:
     """None when the ping-pong kernel covers the group, else why not."""
     writer = _PingPongWriter(group, "probe")
