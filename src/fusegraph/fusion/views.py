@@ -80,11 +80,11 @@ def leading_regroup(node: Node) -> int | None:
 def _sink_rule(node: Node, single: list[bool], from_matmul: dict[int, bool]) -> Node | None:
     """p(..., reshape(x), ...) -> reshape(p'(...), p.shape) when the reshape regroups leading dims
     of a value that comes from a matmul (through pointwise ops) and p may read x instead. `single`,
-    per input: p is the reshape's only reader, or (settings.sink_shared_reshapes) every reader of the
-    reshape is a pointwise op of its shape, each then sunk alike: an activation function that reads
-    the linear layer's result several times (GELU's x * 0.5 * (1 + tanh(...x...)); in training also
-    the result saved for the backward) lands in the matmul's epilogue. Otherwise a reshape read by
-    several ops stays. See the module docstring."""
+    per input: p is the reshape's only reader, or (settings.sink_shared_reshapes) the reshape or x
+    is a graph output, so x is stored anyway, and every reader of the reshape is a pointwise op of
+    its shape, each then sunk alike (a training forward's activation function reading the saved
+    linear result lands in the matmul's epilogue). Otherwise a reshape read by several ops stays,
+    so x stays one stored value, not one recomputed in each reader's kernel. See the module docstring."""
     if not get_op(node.op).has(POINTWISE) or node.multi_output:
         return None
     for j, r_node in enumerate(node.inputs):
@@ -164,8 +164,9 @@ def sink_reshapes(graph: Graph) -> Graph:
     """Move leading-dim regrouping reshapes of matmul results below the pointwise ops after them."""
     users = graph.users()
     to_norm = feeds_row_reduction(graph, users) if settings.norm_residual else set()
-    shared = {n.id for n in graph.nodes if n.op == "reshape" and _pointwise_readers_alike(n, users)} \
-        if settings.sink_shared_reshapes else set()
+    output_ids = {n.id for n in graph.outputs}
+    shared = {n.id for n in graph.nodes if n.op == "reshape" and output_ids & {n.id, n.inputs[0].id} and
+              _pointwise_readers_alike(n, users)} if settings.sink_shared_reshapes else set()
     from_matmul: dict[int, bool] = {}
     mapping: dict[int, Node] = {}
     for node in graph.nodes:
