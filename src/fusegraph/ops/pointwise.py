@@ -53,7 +53,7 @@ _UNARY: dict[str, tuple[Any, Any, float, set[str]]] = {
     "reciprocal": (lambda x, a: x.reciprocal(), lambda v, a: f"(1.0 / {v[0]})", 1, {INVOLUTION}),
     "sin": (lambda x, a: x.sin(), lambda v, a: f"tl.sin({v[0]})", 1, set()),
     "cos": (lambda x, a: x.cos(), lambda v, a: f"tl.cos({v[0]})", 1, set()),
-    "tanh": (lambda x, a: x.tanh(), lambda v, a: f"libdevice.tanh({v[0]})", 1, set()),
+    "tanh": (lambda x, a: x.tanh(), lambda v, a: _tanh_expr(v[0]), 1, set()),
     "sigmoid": (lambda x, a: x.sigmoid(), lambda v, a: f"tl.sigmoid({v[0]})", 4, set()),
     "relu": (lambda x, a: x.relu(), lambda v, a: f"tl.maximum({v[0]}, 0.0)", 1, {IDEMPOTENT}),
     "gelu": (lambda x, a: _gelu_ref([x], a), lambda v, a: _gelu_triton(v, a), 8, set()),
@@ -101,6 +101,26 @@ def _pow_expr(base: str, exponent: str) -> str:
     if value in (1.0, 2.0, 3.0, 4.0):
         return "(" + " * ".join([base] * int(value)) + ")"
     return f"libdevice.pow({base}, {exponent})"
+
+
+# tanh's odd Taylor coefficients x^3 .. x^11 (its series: x - x^3/3 + 2x^5/15 - 17x^7/315 + ...)
+_TANH_SERIES = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
+_TANH_SERIES_BELOW = 0.4
+
+
+def _tanh_expr(v: str) -> str:
+    """tanh without control flow: for |x| < 0.4 its series to x^11, else sign(x) (1 - 2 / (e^{2|x|} + 1)),
+    both computed and one selected (about 20 instructions: ex2.approx and div.full, no branch). Within
+    about 3 ulp of tanh in fp32 (numpy, float64 reference, |x| from 1e-30 to 12); inf, -inf and NaN map as
+    tanh maps them. libdevice.tanh branches on |x| per element: in a GEMM epilogue over a tile that
+    divergent code ran GPT-2's fc layer with its GELU 2-4x slower (bench/results/choices_gpt2_sink_20261203.txt)."""
+    x2 = f"{v} * {v}"
+    series = repr(_TANH_SERIES[-1])
+    for c in reversed(_TANH_SERIES[:-1]):
+        series = f"({c!r} + {x2} * {series})"
+    small = f"({v} + {v} * {x2} * {series})"
+    large = f"tl.where({v} < 0.0, -1.0, 1.0) * (1.0 - 2.0 / (tl.exp(2.0 * tl.abs({v})) + 1.0))"
+    return f"tl.where(tl.abs({v}) < {_TANH_SERIES_BELOW}, {small}, {large})"
 
 
 _BINARY: dict[str, tuple[Any, Any, float, set[str]]] = {
