@@ -520,3 +520,5 @@ def test_tanh_is_branch_free_and_close_to_torch_elementwise() -> None:
     ulps = ((got.double() - want).abs() / torch.finfo(torch.float32).eps / want.abs().clamp_min(1e-38))[finite]
     assert ulps.max() < 8, float(ulps.max())
     assert torch.equal(got[-5:-3], torch.tensor([1.0, -1.0])) and got[-3].isnan() and (got[-2:] == 0).all()
+    with override(tanh_branch_free=False):
+        assert "libdevice.tanh" in next(k.source for k in g.build().kernels if k.backend == "triton")

@@ -117,6 +117,9 @@ _register("gemm_tma_store", bool, lambda: True,
           "engine, so no masks). Off: a pointer store. GPT-2's LM head into padded rows: persistent ~0.9 ms with "
           "it, best pointer-store config 1.03 ms (bench/results/ab_gpt2_norm_residual_20261201_2100.txt tune "
           "report, profile_gpt2_final_20261201_2125.txt).")
+_register("tanh_branch_free", bool, lambda: True,
+          "Generated kernels compute tanh without control flow (ops/pointwise.py _tanh_expr: a series near 0, "
+          "the exponential form beyond, one selected). Off: libdevice.tanh, which branches on |x| per element.")
 _register("gemm_pingpong", bool, lambda: True,
           "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096, A read along K and an "
           "epilogue beyond a bias also get the warp-specialized ping-pong kernel written in Gluon "

@@ -23,6 +23,7 @@ from ..ir.registry import (
     POINTWISE,
     define,
 )
+from ..settings import settings
 from . import _rules as R
 
 PW = {POINTWISE, LAYOUT_TRANSPARENT}
@@ -53,7 +54,8 @@ _UNARY: dict[str, tuple[Any, Any, float, set[str]]] = {
     "reciprocal": (lambda x, a: x.reciprocal(), lambda v, a: f"(1.0 / {v[0]})", 1, {INVOLUTION}),
     "sin": (lambda x, a: x.sin(), lambda v, a: f"tl.sin({v[0]})", 1, set()),
     "cos": (lambda x, a: x.cos(), lambda v, a: f"tl.cos({v[0]})", 1, set()),
-    "tanh": (lambda x, a: x.tanh(), lambda v, a: _tanh_expr(v[0]), 1, set()),
+    "tanh": (lambda x, a: x.tanh(), lambda v, a: _tanh_expr(v[0]) if settings.tanh_branch_free
+             else f"libdevice.tanh({v[0]})", 1, set()),
     "sigmoid": (lambda x, a: x.sigmoid(), lambda v, a: f"tl.sigmoid({v[0]})", 4, set()),
     "relu": (lambda x, a: x.relu(), lambda v, a: f"tl.maximum({v[0]}, 0.0)", 1, {IDEMPOTENT}),
     "gelu": (lambda x, a: _gelu_ref([x], a), lambda v, a: _gelu_triton(v, a), 8, set()),
