@@ -406,9 +406,17 @@ class _GemmWriter(_Writer):
         else:
             self.emit("acc_out = acc", indent)
         dimvar = self._domain_vars(self.batch_vars)
+        # each output stored as soon as its value is computed: a value stored and also read later (a
+        # linear layer's result saved for the backward, then its activation) is then not held beside
+        # the later values (with both 16-bit results of GPT-2's fc layer held to the end, ptxas
+        # serialized the ping-pong kernel's wgmma)
+        pending = list(self.group.stores)
         for entry in self.group.entries:
             self.value(entry, "mask", dimvar, indent)
-        for entry in self.group.stores:
+            for store in [s for s in pending if s.key == entry.key]:
+                self.store(store, "mask", dimvar, indent)
+                pending.remove(store)
+        for entry in pending:
             self.store(entry, "mask", dimvar, indent)
         for entries in self.reductions:  # amax: this tile's max (masked edges count as -inf), one atomic
             for entry in entries:

@@ -93,14 +93,14 @@ def generate_pingpong(group: MatmulGroup, name: str) -> tuple[str, int] | None:
     writer = _PingPongWriter(group, name)
     if writer.unsupported() is not None:
         return None
-    key = writer.tma_key
+    key = writer.tma_keys[0] if writer.tma_keys else None
     return writer.write(), 0 if key is None else dtypes.itemsize(writer._out_dtype(key))
 
 
 class _PingPongWriter(_GemmWriter):
     def __init__(self, group: MatmulGroup, name: str) -> None:
         super().__init__(group, name)
-        self.tma_key: str | None = None   # the output stored through a TMA descriptor (_tma_output)
+        self.tma_keys: list[str] = []      # the outputs stored through TMA descriptors (_tma_outputs)
         self.batch_vars: list[str] = []   # no batch dims (folded ones are rows)
         self.epilogue: list[str] | None = None   # the epilogue in Gluon (unsupported() writes it)
 
@@ -125,16 +125,18 @@ class _PingPongWriter(_GemmWriter):
 
     # ---- the epilogue, in Gluon ------------------------------------------------------------------
 
-    def _tma_output(self) -> str | None:
-        """The key of the one output stored through a TMA descriptor: the first 16-bit whole-tile store."""
+    def _tma_outputs(self) -> list[str]:
+        """The keys of the outputs stored through TMA descriptors: the whole-tile stores of the first 16-bit
+        one's dtype. They take turns in the consumer's one staging tile (each store waits until the last one
+        has left it); the others are pointer stores from the accumulator's layout, which cost registers
+        (an address per element pair: GPT-2's fc layer with its GELU and two 16-bit outputs, one of them
+        through pointers, had ptxas serialize the consumers' wgmma)."""
         by_key = {e.key: e.node for e in self.group.stores}
-        for key in self.tma_stores:
-            if dtypes.itemsize(by_key[key].dtype) == 2:
-                return key
-        return None
+        keys = [key for key in self.tma_stores if dtypes.itemsize(by_key[key].dtype) == 2]
+        return [key for key in keys if by_key[key].dtype == by_key[keys[0]].dtype]
 
     def store(self, entry: Entry, mask: str, dimvar: dict[int, str], indent: int) -> None:
-        if entry.key != self.tma_key:
+        if entry.key not in self.tma_keys:
             super().store(entry, mask, dimvar, indent)
             return
         out = self.out_ptr[entry.key]
@@ -146,9 +148,9 @@ class _PingPongWriter(_GemmWriter):
         e(f"tma.async_copy_shared_to_global({out}_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)", indent)
 
     def _epilogue_lines(self, indent: int = 3) -> list[str] | None:
-        """The epilogue body (matmul.py's writer, TMA store of `tma_key`) as Gluon lines; None if any line
+        """The epilogue body (matmul.py's writer, TMA stores of `tma_keys`) as Gluon lines; None if any line
         uses a function Gluon lacks."""
-        self.tma_key = self._tma_output()
+        self.tma_keys = self._tma_outputs()
         start = len(self.lines)
         self._epilogue_body(indent)
         body = self.lines[start:]
@@ -167,7 +169,8 @@ class _PingPongWriter(_GemmWriter):
         pa, pb = (self.ptr[x.id] for x in self.gemm.matmul.inputs)
         epilogue = self.epilogue
         assert epilogue is not None, "write() after unsupported() returned None"
-        tma_out = self.out_ptr[self.tma_key] if self.tma_key is not None else None
+        tma_outs = [self.out_ptr[key] for key in self.tma_keys]
+        descs = ", ".join(f"out_desc{i}" for i in range(max(1, len(tma_outs))))
         pointers = self._pointers()
         ptr_list = ", ".join(pointers)
         sizes = f"M, N, K = {geo.m}, {geo.n}, {geo.k}"
@@ -203,10 +206,10 @@ class _PingPongWriter(_GemmWriter):
         add(f"            tma.async_copy_global_to_shared(b_desc, {b_at}, ready.index(s), b_bufs.index(s))")
         add("            p += 1\n\n")
         # a consumer warpgroup: main loop, then the epilogue while the other consumer's main loop runs
-        add(f"@gluon.jit\ndef {name}_mma({ptr_list}, out_desc, a_bufs, b_bufs, ready, empty, turn, c_smem, "
+        add(f"@gluon.jit\ndef {name}_mma({ptr_list}, {descs}, a_bufs, b_bufs, ready, empty, turn, c_smem, "
             f"WHICH: gl.constexpr, {consts}):")
-        if tma_out is not None:
-            add(f"    {tma_out}_desc = out_desc")
+        for i, out in enumerate(tma_outs):
+            add(f"    {out}_desc = out_desc{i}")
         add(f"    {sizes}")
         add("    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
             "instr_shape=[16, BLOCK_N, 16])")
@@ -261,15 +264,15 @@ class _PingPongWriter(_GemmWriter):
         b_dims = "[STAGES, BLOCK_N, BLOCK_K]" if b_trans else "[STAGES, BLOCK_K, BLOCK_N]"
         add(f"    a_bufs = gl.allocate_shared_memory({dtype}, {a_dims}, smem)")
         add(f"    b_bufs = gl.allocate_shared_memory({dtype}, {b_dims}, smem)")
-        if tma_out is not None and self.tma_key is not None:
-            stride = self.tma_stores[self.tma_key]
-            out_dtype = "gl.bfloat16" if self._out_dtype(self.tma_key) == "bfloat16" else "gl.float16"
-            add(f"    out_desc = tma.make_tensor_descriptor({tma_out}, shape=[M, N], strides=[{stride}, 1], "
-                "block_shape=[BLOCK_M, BLOCK_N], layout=smem)")
+        if tma_outs:
+            out_dtype = "gl.bfloat16" if self._out_dtype(self.tma_keys[0]) == "bfloat16" else "gl.float16"
+            for i, (key, out) in enumerate(zip(self.tma_keys, tma_outs, strict=True)):
+                add(f"    out_desc{i} = tma.make_tensor_descriptor({out}, shape=[M, N], "
+                    f"strides=[{self.tma_stores[key]}, 1], block_shape=[BLOCK_M, BLOCK_N], layout=smem)")
             add(f"    c_smem0 = gl.allocate_shared_memory({out_dtype}, [BLOCK_M, BLOCK_N], smem)")
             add(f"    c_smem1 = gl.allocate_shared_memory({out_dtype}, [BLOCK_M, BLOCK_N], smem)")
         else:   # no TMA-stored output: placeholders the partitions never touch
-            add("    out_desc = a_desc")
+            add("    out_desc0 = a_desc")
             add("    c_smem0 = a_bufs")
             add("    c_smem1 = a_bufs")
         add("    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
@@ -283,7 +286,7 @@ class _PingPongWriter(_GemmWriter):
         # the partitions: both consumers run one function, WHICH (a constexpr) written into each tuple (a tuple
         # of constexprs assigned to a variable reached the partitions as tensors wrapped in constexprs, which
         # shapes reject: every tuple is written out)
-        mma_args = f"{ptr_list}, out_desc, a_bufs, b_bufs, ready, empty, turn"
+        mma_args = f"{ptr_list}, {descs}, a_bufs, b_bufs, ready, empty, turn"
         add("    gl.warp_specialize([")
         add(f"        ({name}_mma, ({mma_args}, c_smem0, 0, {pass_consts})),")
         add(f"        ({name}_mma, ({mma_args}, c_smem1, 1, {pass_consts})),")
