@@ -326,9 +326,33 @@ def compile_for_sm90(source: str, name: str, pointer_types: list[str], constexpr
     ptx = compiled.asm["ptx"]
     ops = [ln.split()[0] for ln in (ln.strip().removeprefix("@").partition(" ")[2] if ln.strip().startswith("@")
                                     else ln.strip() for ln in ptx.splitlines()) if ln]
-    return {"shared": int(compiled.metadata.shared), "wgmma": sum(op.startswith("wgmma.mma_async") for op in ops),
+    return {**_ptxas_report(ptx), "shared": int(compiled.metadata.shared),
+            "wgmma": sum(op.startswith("wgmma.mma_async") for op in ops),
             "tma_loads": sum(op.startswith("cp.async.bulk.tensor") and ".shared::cluster.global" in op for op in ops),
             "tma_stores": sum(op.startswith("cp.async.bulk.tensor") and ".global.shared::cta" in op for op in ops),
             "setmaxnreg": sum(op.startswith("setmaxnreg") for op in ops),
             "global_loads": {op: ops.count(op) for op in set(ops) if op.startswith("ld.global")},
             "global_stores": {op: ops.count(op) for op in set(ops) if op.startswith("st.global")}}
+
+
+def _ptxas_report(ptx: str) -> dict[str, Any]:
+    """What Triton's own ptxas says of `ptx` for sm_90a under PINGPONG_MAXNREG: spilled bytes and whether
+    it serialized the wgmma (warning C7514: non-wgmma instructions read accumulator registers inside a
+    pipeline stage). Empty when that ptxas is not found."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f"--maxrregcount={PINGPONG_MAXNREG}", path,
+                               "-o", os.path.join(tmp, "kernel.cubin")], capture_output=True, text=True, timeout=600)
+    spilled = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr))
+    return {"spill_bytes": spilled, "wgmma_serialized": "C7514" in done.stderr}
