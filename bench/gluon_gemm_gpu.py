@@ -237,6 +237,10 @@ def main() -> int:
     parser.add_argument("--weight-nk", action="store_true", help="fusegraph's rows take the weight as [N, K] "
                         "(nn.Linear's layout, read transposed); the bench's own kernel keeps [K, N]")
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
+    parser.add_argument("--epilogue-forms", action="store_true",
+                        help="also fusegraph's ping-pong kernel (forced) with the GELU as one op or spelled out as "
+                             "GPT-2 writes it (0.5 x (1 + tanh(...))), each with the pre-activation as a second "
+                             "output (a training forward saves it) or not")
     opts = parser.parse_args()
     if opts.cpu_compile:
         return cpu_compile(opts.stages)
@@ -274,6 +278,23 @@ def main() -> int:
              "fusegraph ping-pong": lambda: forced(a, wt, bias),
              "cuBLAS + torch epilogue": (lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")) if gelu
              else (lambda: torch.addmm(bias, a, b))}
+    if opts.epilogue_forms and gelu:
+        for spelled in (False, True):
+            for saved in (False, True):
+                fg_ = fg.Graph(f"form_{int(spelled)}{int(saved)}", compute_dtype="float32")
+                fx, fw = fg_.tensor((m, k), "bfloat16", "x"), fg_.tensor((n, k) if nk else (k, n), "bfloat16", "w")
+                fy = fg_.add(fg_.matmul(fx, fw, transpose_b=nk), fg_.tensor((n,), "bfloat16", "b"))
+                if saved:
+                    fy.set_output()
+                if spelled:
+                    inner = fg_.mul(fg_.add(fy, fg_.mul(fg_.pow(fy, 3.0), 0.044715)), 0.7978845608028654)
+                    act = fg_.mul(fg_.mul(fy, 0.5), fg_.add(fg_.tanh(inner), 1.0))
+                else:
+                    act = fg_.gelu(fy, approximate="tanh")
+                act.set_output()
+                form = fg_.build(device="cuda", options={"gemm_variant": "pingpong"})
+                impls[f"ping-pong {'spelled' if spelled else 'gelu op'}{', saved' if saved else ''}"] = (
+                    (lambda f=form: f(a, wt, bias)[-1]) if saved else (lambda f=form: f(a, wt, bias)))
     if opts.sweep:
         for stages in (3, 4, 5):
             for group in (4, 8, 16):
