@@ -204,6 +204,27 @@ def test_times_zero_only_for_integers() -> None:
     assert torch.equal(after[1], torch.zeros(4, 8, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_plus_tanh_becomes_twice_a_sigmoid(dtype: str) -> None:
+    """GPT-2's GELU spelled out, 0.5 x (1 + tanh(u)): the sum becomes 2 sigmoid(2u) (no tanh left), with
+    the same results, and no cancellation where tanh(u) is near -1 (there the sum loses every digit)."""
+    g = fg.Graph("gelu_spelled")
+    x = g.tensor((4, 64), dtype=dtype, name="x")
+    u = g.mul(g.add(x, g.mul(g.pow(x, 3.0), 0.044715)), 0.7978845608028654)
+    ir = outputs(g, g.mul(g.mul(x, 0.5), g.add(1.0, g.tanh(u))))
+    out = simplify(ir)
+    assert ops_of(out)["tanh"] == 0 and ops_of(out)["sigmoid"] == 1
+    same_results(ir, out, tol=2e-2 if dtype == "bfloat16" else None)
+    far = fg.Graph("far")
+    v = far.tensor((3,), name="v")
+    far_ir = outputs(far, far.add(far.tanh(v), 1.0))
+    at = torch.tensor([-9.0, -20.0, 0.5])
+    got, summed = fg.reference(simplify(far_ir))(at), fg.reference(far_ir)(at)
+    want = 2.0 / (1.0 + torch.exp(-2.0 * at.double()))             # the true 1 + tanh(u)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=0)
+    assert summed[1] == 0 and not torch.allclose(summed[:1].double(), want[:1], rtol=1e-2)   # the sum cancels
+
+
 def test_involutions_and_idempotents_by_property() -> None:
     g = fg.Graph("props")
     x = g.tensor((4, 8), name="x")

@@ -121,8 +121,9 @@ _register("tanh_branch_free", bool, lambda: True,
           "Generated kernels compute tanh without control flow (ops/pointwise.py _tanh_expr: a series near 0, "
           "the exponential form beyond, one selected). Off: libdevice.tanh, which branches on |x| per element.")
 _register("gemm_pingpong", bool, lambda: True,
-          "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096, A read along K and an "
-          "epilogue beyond a bias also get the warp-specialized ping-pong kernel written in Gluon "
+          "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096 (K >= 512 when the epilogue "
+          "computes an activation), A read along K and an epilogue beyond a bias also get the warp-specialized "
+          "ping-pong kernel written in Gluon "
           "(codegen/matmul_pingpong.py, offer rules in codegen/gemm_configs.py) as an autotuned candidate: two "
           "consumer warpgroups on alternate tiles, so one's epilogue runs under the other's main loop. gelu_mlp's "
           "first GEMM + bias + GELU on an H200: 736 TFLOP/s against 672 for our best Triton config and cuBLAS "
@@ -228,7 +229,9 @@ _register("sink_shared_reshapes", bool, lambda: False,
           "(bench/results/ab_gpt2_sink_shared_bias_first_20261202_0549.txt): sinking stopped at the GELU's fp32 "
           "cast, so the GEMM stored an fp32 value and the GELU ran as two kernels. Sunk to the chain's end, the GELU "
           "is the GEMM's epilogue and the autotuner runs it as cuBLAS + the epilogue's launch, as without the "
-          "setting: 18.057 against 18.063 ms (bench/results/ab_gpt2_sink_shared_chain_20261202_0647.txt).")
+          "setting: 18.057 against 18.063 ms (bench/results/ab_gpt2_sink_shared_chain_20261202_0647.txt). With the "
+          "ping-pong kernel offered to that GEMM (twenty-eighth session) still the same: 17.565 against 17.606 ms "
+          "(bench/results/ab_gpt2_sink_stores_20261203.txt); the spelled-out GELU outlasts its short main loop.")
 _register("fuse_gathers", bool, lambda: True,
           "An embedding lookup or an index_select of a graph input (a weight, a rotary table, a mask) is read by "
           "the kernel that uses its rows, at the gathered row (fusion/partition.py, 'gather' entries): no launch "

@@ -114,8 +114,9 @@ def _tanh_expr(v: str) -> str:
     """tanh without control flow: for |x| < 0.4 its series to x^11, else sign(x) (1 - 2 / (e^{2|x|} + 1)),
     both computed and one selected (about 20 instructions: ex2.approx and div.full, no branch). Within
     about 3 ulp of tanh in fp32 (numpy, float64 reference, |x| from 1e-30 to 12); inf, -inf and NaN map as
-    tanh maps them. libdevice.tanh branches on |x| per element: in a GEMM epilogue over a tile that
-    divergent code ran GPT-2's fc layer with its GELU 2-4x slower (bench/results/choices_gpt2_sink_20261203.txt)."""
+    tanh maps them. libdevice.tanh branches on |x| per element: with it GPT-2's fc layer with its GELU in
+    the GEMM's epilogue took 159 us in its best Triton tile and 299 in the ping-pong kernel, with this form
+    119 and 207 (cold compiles on the H200: bench/results/choices_gpt2_sink_20261203.txt, _branch_free_)."""
     x2 = f"{v} * {v}"
     series = repr(_TANH_SERIES[-1])
     for c in reversed(_TANH_SERIES[:-1]):
