@@ -225,6 +225,25 @@ def test_one_plus_tanh_becomes_twice_a_sigmoid(dtype: str) -> None:
     assert summed[1] == 0 and not torch.allclose(summed[:1].double(), want[:1], rtol=1e-2)   # the sum cancels
 
 
+def test_one_minus_tanh_squared_becomes_a_product_of_sigmoids() -> None:
+    """tanh's derivative as the backward writes it, 1 - t * t with t = tanh(u): 4 sigmoid(2u) sigmoid(-2u),
+    no tanh left, the same results, and accurate where |t| -> 1 (there 1 - t * t cancels)."""
+    g = fg.Graph("dtanh")
+    u = g.tensor((4, 64), name="u")
+    t = g.tanh(u)
+    ir = outputs(g, g.sub(1.0, g.mul(t, t)))
+    out = simplify(ir)
+    assert ops_of(out)["tanh"] == 0 and ops_of(out)["sigmoid"] == 2
+    same_results(ir, out)
+    at = torch.tensor([[-12.0, -6.0, 0.0, 0.3, 6.0, 12.0]])
+    g2 = fg.Graph("dtanh_far")
+    t2 = g2.tanh(g2.tensor((1, 6), name="u"))
+    far = outputs(g2, g2.sub(1.0, g2.mul(t2, t2)))
+    got = fg.reference(simplify(far))(at)
+    want = 1.0 / torch.cosh(at.double()) ** 2                        # the true derivative, sech^2
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=0)
+
+
 def test_involutions_and_idempotents_by_property() -> None:
     g = fg.Graph("props")
     x = g.tensor((4, 8), name="x")

@@ -61,7 +61,9 @@ def test_gelu_saves_its_input_only_and_matches_eager() -> None:
     grads_off, off = train(False)
     grads_on, on = train(True)
     for a, b in zip(grads_off, grads_on, strict=True):
-        assert torch.equal(a, b)                  # the same ops, recomputed: the same numbers
+        # recomputed, the backward sees tanh(u) itself and simplify writes 1 - tanh(u)^2 as sigmoids
+        # (passes/simplify.py); saved, it reads the stored tanh: the same function, other roundings
+        assert_close(a, b, tol=1e-5, what="grad, recomputed against saved")
     plan_off, plan_on = off, on
     hidden = [n for n in plan_off.graph.inputs if tuple(n.shape) == (32, 64)]
     assert len(hidden) >= 4                       # x, the GELU output and pointwise functions of x

@@ -38,7 +38,9 @@ What counts as "exact" here (each rule says which it relies on):
   16-bit dtype one rounding instead of two). The tanh form of GELU (GPT-2's, spelled out in Python)
   becomes 0.5 x * 2 sigmoid(2u), the form our gelu op computes (x sigmoid(2u)); in a GEMM epilogue
   the gelu op ran at 72 us where the spelled-out form took 101 (bench/results/gluon_gemm_fc_forms_20261203.txt;
-  the rewritten form itself not measured on the GPU yet).
+  the rewritten form itself not measured on the GPU yet). Likewise 1 - tanh(u)^2 (tanh's derivative,
+  in the backward) -> 4 sigmoid(2u) sigmoid(-2u): no cancellation as |tanh(u)| -> 1, and with the
+  forward's form recomputed in the backward the kernel computes sigmoid(2u) once and no tanh.
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -521,6 +523,16 @@ def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
     return rebuild(node, "mul", [sigmoid, two])
 
 
+def _one_minus_tanh_squared(node: Node, t: Node, u: Node) -> Node | None:
+    """1 - tanh(u) * tanh(u) -> 4 sigmoid(2u) sigmoid(-2u) (see the module docstring), floats only."""
+    if not dtypes.is_float(node.dtype) or t.dtype != node.dtype or u.dtype != node.dtype:
+        return None
+    e = emitter_for(node)
+    up = e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
+    down = e.op("sigmoid", e.op("mul", u, e.scalar(-2.0, node.dtype)))
+    return rebuild(node, "mul", [e.op("mul", up, down), e.scalar(4.0, node.dtype)])
+
+
 VIEWS = ("permute", "transpose")
 RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     # additive / multiplicative identities (x+0 ignores the sign of zero, see above)
@@ -530,6 +542,7 @@ RULES: list[tuple[Pat, Callable[..., Node | None]]] = [
     (P("div", V("x"), Lit(1)), lambda node, x: x),
     (P("mul", V("x"), Lit(0)), _int_zero),
     (P("add", P("tanh", V("u"), name="t"), Lit(1)), _one_plus_tanh),
+    (P("sub", Lit(1), P("mul", P("tanh", V("u"), name="t"), P("tanh", V("u"), name="t"))), _one_minus_tanh_squared),
     # by property: f(f(x)) = x, f(f(x)) = f(x), f(x, x) = x
     (P(None, P(None, V("x"), name="inner", prop=INVOLUTION), prop=INVOLUTION), _involution),
     (P(None, P(None, V("x"), name="inner", prop=IDEMPOTENT), prop=IDEMPOTENT), _idempotent_unary),
