@@ -129,8 +129,7 @@ class _PingPongWriter(_GemmWriter):
         """The keys of the outputs stored through TMA descriptors: the whole-tile stores of the first 16-bit
         one's dtype. They take turns in the consumer's one staging tile (each store waits until the last one
         has left it); the others are pointer stores from the accumulator's layout, which cost registers
-        (an address per element pair: GPT-2's fc layer with its GELU and two 16-bit outputs, one of them
-        through pointers, had ptxas serialize the consumers' wgmma)."""
+        (an address per element pair: the pointer-store kernel of tests/test_matmul_pingpong.py spills)."""
         by_key = {e.key: e.node for e in self.group.stores}
         keys = [key for key in self.tma_stores if dtypes.itemsize(by_key[key].dtype) == 2]
         return [key for key in keys if by_key[key].dtype == by_key[keys[0]].dtype]
