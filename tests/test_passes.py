@@ -244,6 +244,18 @@ def test_one_minus_tanh_squared_becomes_a_product_of_sigmoids() -> None:
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=0)
 
 
+def test_tanh_as_sigmoid_off_keeps_the_tanh() -> None:
+    """The setting tanh_as_sigmoid=0 (kept for the GPU A/B) leaves both tanh forms alone."""
+    g = fg.Graph("tanh_kept")
+    u = g.tensor((4, 8), name="u")
+    t = g.tanh(u)
+    ir = outputs(g, g.add(t, 1.0), g.sub(1.0, g.mul(t, t)))
+    with override(tanh_as_sigmoid=False):
+        out = simplify(ir)
+    assert ops_of(out)["tanh"] == 1 and ops_of(out)["sigmoid"] == 0
+    assert ops_of(simplify(ir))["tanh"] == 0
+
+
 def test_involutions_and_idempotents_by_property() -> None:
     g = fg.Graph("props")
     x = g.tensor((4, 8), name="x")

@@ -120,6 +120,10 @@ _register("gemm_tma_store", bool, lambda: True,
 _register("tanh_branch_free", bool, lambda: True,
           "Generated kernels compute tanh without control flow (ops/pointwise.py _tanh_expr: a series near 0, "
           "the exponential form beyond, one selected). Off: libdevice.tanh, which branches on |x| per element.")
+_register("tanh_as_sigmoid", bool, lambda: True,
+          "simplify rewrites 1 + tanh(u) -> 2 sigmoid(2u) and 1 - tanh(u)^2 -> 4 sigmoid(2u) sigmoid(-2u) "
+          "(passes/simplify.py): GPT-2's spelled-out GELU becomes the sigmoid form, its backward computes no tanh. "
+          "Off: the graph keeps the tanh.")
 _register("gemm_pingpong", bool, lambda: True,
           "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096 (K >= 512 when the epilogue "
           "computes an activation), A read along K and an epilogue beyond a bias also get the warp-specialized "

@@ -515,7 +515,9 @@ def _add_broadcast_zero(node: Node, x: Node, z: Node) -> Node | None:
 
 def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
     """1 + tanh(u) -> 2 * sigmoid(2 u) (see the module docstring), floats only."""
-    if not dtypes.is_float(node.dtype) or t.dtype != node.dtype or u.dtype != node.dtype:
+    if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype):
+        return None
+    if t.dtype != node.dtype or u.dtype != node.dtype:
         return None
     e = emitter_for(node)
     two = e.scalar(2.0, node.dtype)
@@ -525,7 +527,9 @@ def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
 
 def _one_minus_tanh_squared(node: Node, t: Node, u: Node) -> Node | None:
     """1 - tanh(u) * tanh(u) -> 4 sigmoid(2u) sigmoid(-2u) (see the module docstring), floats only."""
-    if not dtypes.is_float(node.dtype) or t.dtype != node.dtype or u.dtype != node.dtype:
+    if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype):
+        return None
+    if t.dtype != node.dtype or u.dtype != node.dtype:
         return None
     e = emitter_for(node)
     up = e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
