@@ -79,6 +79,73 @@ def test_accumulate_sums_duplicates_and_destination_is_not_modified() -> None:
     assert torch.equal(xs, torch.zeros(5, 2))  # functional: the input is not written
 
 
+_SCATTER_INTO = [
+    ("index_put", lambda g, d, i, v: g.index_put(d, [i], v, accumulate=True),
+     lambda d, i, v: aten.index_put.default(d, [i], v, True), (3,), (3, 6)),
+    ("index_copy", lambda g, d, i, v: g.index_copy(d, 0, i, v), lambda d, i, v: torch.index_copy(d, 0, i, v),
+     (3,), (3, 6)),
+    ("scatter_add", lambda g, d, i, v: g.scatter_add(d, 0, i, v), lambda d, i, v: torch.scatter_add(d, 0, i, v),
+     (3, 6), (3, 6)),
+    ("slice_scatter", lambda g, d, i, v: g.slice_scatter(d, v, 0, 1, 7, 2),
+     lambda d, i, v: torch.slice_scatter(d, v, 0, 1, 7, 2), None, (3, 6)),
+]
+
+
+@pytest.mark.parametrize(("op", "build", "want", "index_shape", "values_shape"), _SCATTER_INTO,
+                         ids=[c[0] for c in _SCATTER_INTO])
+def test_scatter_into_a_dying_intermediate_writes_in_place(op, build, want, index_shape, values_shape) -> None:  # type: ignore[no-untyped-def]
+    """The destination is an intermediate nothing reads afterwards (an embedding gradient scatter-added
+    into the tied LM head's gradient): the memory plan runs the op's in-place form, no copy of the
+    destination; results equal the functional op's, call after call, and the plan's inputs are not written."""
+    g = fg.Graph(name=f"{op}_into")
+    x = g.tensor((8, 6), name="x")
+    v = g.tensor(values_shape, name="v")
+    i = g.tensor(index_shape, dtype="int64", name="i") if index_shape else None
+    build(g, g.exp(x), i, v).set_output()
+    plan = g.build(device="cpu")
+    assert plan.memory.inplace == 1
+    from fusegraph.ir.registry import get_op
+    k = next(k for k in plan.kernels if k.nodes[0].op == op)
+    copying = get_op(op).cost([n.spec for n in k.nodes[0].inputs], list(k.nodes[0].specs), k.nodes[0].attrs)
+    assert "in place" in k.note and k.cost.bytes == copying.bytes - 2 * 8 * 6 * 4   # no copy of the destination
+    index = torch.tensor([5, 1, 5]) if index_shape == (3,) else torch.tensor([[5, 1, 5, 0, 7, 2]] * 3)
+    for _ in range(2):
+        xs, vs = torch.randn(8, 6), torch.randn(*values_shape)
+        before = xs.clone()
+        args = (xs, vs, index) if i is not None else (xs, vs)
+        got = plan(*args)
+        expect = want(torch.exp(before), index, vs) if i is not None else want(torch.exp(before), None, vs)
+        assert_close(got, expect, what=op)
+        assert torch.equal(xs, before)
+
+
+def test_scatter_into_a_live_or_pinned_destination_copies() -> None:
+    """No in-place write when the destination is read later, is a graph input, or a build-time constant
+    (a constant written in place would carry one call's values into the next)."""
+    g = fg.Graph(name="scatter_live")
+    x = g.tensor((8, 6), name="x")
+    i = g.tensor((3,), dtype="int64", name="i")
+    v = g.tensor((3, 6), name="v")
+    d = g.exp(x)
+    g.add(g.index_put(d, [i], v, accumulate=True), d).set_output()   # the destination read afterwards
+    g.index_put(x, [i], v, accumulate=True).set_output()   # a graph input as the destination
+    g.index_put(g.constant(torch.zeros(8, 6)), [i], v, accumulate=True).set_output()
+    plan = g.build(device="cpu")
+    scatters = [step for step, k in enumerate(plan.kernels) if k.nodes[0].op == "index_put"]
+    assert len(scatters) == 3   # each runs its copying launcher (the final add may still write in place)
+    assert all(plan._steps[step][0] is plan.kernels[step].launch for step in scatters)
+    index = torch.tensor([5, 1, 5])
+    for _ in range(2):
+        xs, vs = torch.randn(8, 6), torch.randn(3, 6)
+        before = xs.clone()
+        got = plan(xs, index, vs)
+        e = torch.exp(before)
+        assert_close(got[0], aten.index_put.default(e, [index], vs, True) + e, what="live")
+        assert_close(got[1], aten.index_put.default(before, [index], vs, True), what="input")
+        assert_close(got[2], aten.index_put.default(torch.zeros(8, 6), [index], vs, True), what="constant")
+        assert torch.equal(xs, before)
+
+
 def test_costs_count_the_copy_and_the_region() -> None:
     g = fg.Graph(name="scatter_cost")
     x = g.tensor((100, 8), name="x")

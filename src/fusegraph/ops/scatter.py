@@ -10,8 +10,9 @@ lowering runs each as a library kernel through its reference (lower.node_kernel)
 inside the fused plan (and inside a captured CUDA graph: the torch kernels used are capturable).
 The library kernel is copy-then-write (torch's functional `index_put` etc. clone the destination and
 write in place into the clone), so its cost counts the destination's copy (read + write) plus the
-written region; a runtime that wrote into the destination in place would move only the region,
-its indices and its values.
+written region. Where the destination is an intermediate of the Plan that nothing reads afterwards,
+the memory plan runs the op's in-place form instead (INPLACE_FORMS, below): only the region, its
+indices and its values move.
 
 Inputs are seen in their own dtypes (NO_UPCAST): values must have the destination's dtype (torch's
 rule for index_put; the frontend casts), and accumulation is torch's own, in that dtype.
@@ -19,7 +20,7 @@ rule for index_put; the frontend casts), and accumulation is torch's own, in tha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -94,13 +95,23 @@ def _index_put_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpec:
     return x.with_(strides=None)
 
 
-def _index_put_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    x, values, *indices = xs
+def _full_indices(indices: Sequence[torch.Tensor], a: Any) -> list[torch.Tensor | None]:
+    """ATen's index list: one entry per dim up to the last indexed one, None for ':'."""
     dims = tuple(a["index_dims"])
     full: list[torch.Tensor | None] = [None] * (dims[-1] + 1)   # trailing dims: ':' (no entry)
     for d, index in zip(dims, indices, strict=True):
         full[d] = index if index.dtype == torch.int64 else index.long()
-    return torch.ops.aten.index_put.default(x, full, values, bool(a.get("accumulate", False)))
+    return full
+
+
+def _index_put_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
+    x, values, *indices = xs
+    return torch.ops.aten.index_put.default(x, _full_indices(indices, a), values, bool(a.get("accumulate", False)))
+
+
+def _index_put_into(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
+    x, values, *indices = xs
+    return torch.ops.aten.index_put_.default(x, _full_indices(indices, a), values, bool(a.get("accumulate", False)))
 
 
 def _index_put_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> Cost:
@@ -215,6 +226,27 @@ define("slice_scatter", _slice_scatter_infer, _slice_scatter_ref, num_inputs=(2,
                                 + Cost(_copy_cost(i[0]), 0)),
        doc="torch.slice_scatter(x, src, dim, start, end, step): a copy of x with x[..., start:end:step, ...] "
            "(along dim) replaced by src. Functional: x is not modified.")
+
+
+def _slice_scatter_into(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
+    x, src = xs
+    dim = R.norm_dim(a["dim"], x.dim())
+    where = (slice(None),) * dim + (slice(a.get("start"), a.get("end"), a.get("step", 1)),)
+    x[where].copy_(src)
+    return x
+
+
+# In-place forms of the ops above: each writes (or accumulates) the region into its first input's memory
+# and returns that tensor, with the functional op's results. The memory plan (runtime/memory.py
+# plan_schedule) runs one instead of the copy-then-write reference when the destination is an
+# intermediate that dies at this op, so only the region, indices and values move (an embedding's
+# gradient scatter-added into the tied LM head's gradient: no copy of the [vocab, dim] table).
+INPLACE_FORMS: dict[str, Callable[[list[torch.Tensor], Any], torch.Tensor]] = {
+    "index_put": _index_put_into,
+    "index_copy": lambda xs, a: xs[0].index_copy_(R.norm_dim(a["dim"], xs[0].dim()), xs[1].long(), xs[2]),
+    "scatter_add": lambda xs, a: xs[0].scatter_add_(R.norm_dim(a["dim"], xs[0].dim()), xs[1].long(), xs[2]),
+    "slice_scatter": _slice_scatter_into,
+}
 
 
 class ScatterMethods:

@@ -21,7 +21,9 @@ private pool reuses the freed blocks inside the graph. The offsets are a report 
 could be), not an allocation: outputs are made by several launchers (generated Triton, GEMM, cuBLAS,
 cuDNN, torch references), and a persistent arena would stay allocated between calls. What the plan
 changes is in-place writes: a generated one-stage elementwise kernel writes an output into an input
-of the same shape, dtype and strides that dies at that kernel (choose_inplace has the rules).
+of the same shape, dtype and strides that dies at that kernel, and a scatter (index_put, index_copy,
+scatter_add, slice_scatter) writes into its destination when that dies there, instead of into a copy
+of it (choose_inplace has the rules).
 """
 
 from __future__ import annotations
@@ -317,6 +319,37 @@ def _elementwise_pairs(kernel: Any) -> list[tuple[int, int]]:
     return pairs
 
 
+def _scatter_pairs(kernel: Any) -> list[tuple[int, int]]:
+    """[(0, 0)] for a scatter run by its torch reference (ops/scatter.py INPLACE_FORMS: index_put,
+    index_copy, scatter_add, slice_scatter) whose destination, input 0, has the output's shape, dtype
+    and strides: its in-place form can write into the destination instead of a copy of it."""
+    from ..ops.scatter import INPLACE_FORMS
+
+    if kernel.backend != "reference" or kernel.kind != "library" or len(kernel.nodes) != 1:
+        return []
+    node = kernel.nodes[0]
+    if node.op not in INPLACE_FORMS or node.multi_output or not kernel.inputs or kernel.inputs[0] is not node.inputs[0]:
+        return []
+    x = node.inputs[0]
+    if (x.multi_output or x.shape != node.shape or x.dtype != node.dtype or node.spec.numel == 0
+            or x.spec.memory_strides != node.spec.memory_strides):
+        return []
+    return [(0, 0)]
+
+
+def _scatter_in_place(kernel: Any) -> Any:
+    """The launcher of a scatter kernel that writes into its destination (input 0) and returns it."""
+    from ..ops.scatter import INPLACE_FORMS
+
+    node = kernel.nodes[0]
+    form, attrs = INPLACE_FORMS[node.op], node.attrs
+
+    def launch(args: Sequence[Any]) -> list[Any]:
+        return [form(list(args), attrs)]
+
+    return launch
+
+
 def plan_schedule(schedule: Sequence[tuple[Any, tuple[int, ...], tuple[int, ...]]], inputs: Sequence[Any],
                   outputs: Sequence[int], launches: dict[int, Any] | None) -> MemoryPlan:
     """The memory plan of a Plan's schedule [(kernel, input slots, output slots)]; graph input k
@@ -334,16 +367,19 @@ def plan_schedule(schedule: Sequence[tuple[Any, tuple[int, ...], tuple[int, ...]
             nbytes.setdefault(slot, _value_bytes(node))
         for node, slot in zip(kernel.outputs, outs, strict=True):
             nbytes[slot] = _value_bytes(node)
+        scatter = _scatter_pairs(kernel)
         if kernel.kind == "constant" or not ins:
             constants.extend(outs)           # made once (or a source): never written in place
         elif _aliasing(kernel):
             for slot in outs:
                 view_of[slot] = ins[0]
                 may_share[slot] = list(ins)
+        elif scatter:                        # a new tensor (in place: the destination, merged when chosen)
+            pass
         elif kernel.backend in ("reference", "eager"):
             for slot in outs:                # a torch reference may hand back (a view of) its input
                 may_share[slot] = list(ins)
-        pairs = _elementwise_pairs(kernel)
+        pairs = _elementwise_pairs(kernel) or scatter
         if pairs:
             eligible[s] = pairs
     inplace = 0
@@ -352,7 +388,8 @@ def plan_schedule(schedule: Sequence[tuple[Any, tuple[int, ...], tuple[int, ...]
         chosen = choose_inplace(steps, outputs, may_share, pinned, eligible)
         for s, mapping in chosen.items():
             kernel, ins, outs = schedule[s]
-            launches[s] = kernel.launch.reusing([mapping.get(k) for k in range(len(outs))])
+            launches[s] = (kernel.launch.reusing([mapping.get(k) for k in range(len(outs))])
+                           if isinstance(kernel.launch, TritonLaunch) else _scatter_in_place(kernel))
             for k, j in mapping.items():
                 view_of[outs[k]] = ins[j]
                 inplace += 1

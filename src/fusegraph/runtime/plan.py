@@ -6,6 +6,7 @@ reads and writes is decided at build time (slot indices), not looked up per call
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,11 +18,13 @@ from ..ir import dtypes
 from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.printer import format_plan
+from ..ir.registry import Cost
 from ..ir.spec import TensorSpec, contiguous_strides
 from ..settings import settings
 from .cuda_graph import GraphDecision, GraphRunner, check_graph_outputs, decide, log
 from .guards import FastInputCheck, check_inputs, resolve_feeds
 from .kernel import Kernel
+from .launch import TritonLaunch
 from .memory import MemoryPlan, plan_schedule
 
 
@@ -42,6 +45,7 @@ class Plan:
         # the memory plan; elementwise kernels whose input dies there write into it (runtime/memory.py)
         self._launches: dict[int, Any] = {}
         self.memory = self._plan_memory(inplace)
+        self.kernels = self._with_inplace_scatters(self.kernels)
         self._rebuild = rebuild
         self._variants: dict[tuple[Any, ...], Plan] = {}
         # what the fast input check compares: (shape, strides, dtype) per input, and the device kind
@@ -173,6 +177,22 @@ class Plan:
         eligible elementwise kernels are replaced by ones writing into a dying input."""
         return plan_schedule(self._schedule, self.graph.inputs, self._out_slots,
                              self._launches if inplace else None)
+
+    def _with_inplace_scatters(self, kernels: list[Kernel]) -> list[Kernel]:
+        """The kernel list with each scatter the memory plan writes into its destination replaced by
+        that launcher, its cost without the destination's copy (what plan.explain() times and floors).
+        A new list: the caller's kernels are not changed."""
+        out = list(kernels)
+        for step, launch in self._launches.items():
+            k = out[step]
+            if isinstance(k.launch, TritonLaunch) or k.backend != "reference":
+                continue
+            dest = k.inputs[0].spec
+            out[step] = dataclasses.replace(
+                k, launch=launch, cost=Cost(max(0, k.cost.bytes - 2 * dest.nbytes), k.cost.flops),
+                source=k.source + " (in place: writes into its destination, which dies here)",
+                note=(k.note + "; " if k.note else "") + "in place: no copy of the destination")
+        return out
 
     def _assign_slots(self) -> list[tuple[Kernel, tuple[int, ...], tuple[int, ...]]]:
         """Give every value a slot: inputs first, then each kernel's outputs in launch order."""
