@@ -124,6 +124,9 @@ _register("tanh_as_sigmoid", bool, lambda: True,
           "simplify rewrites 1 + tanh(u) -> 2 sigmoid(2u) and 1 - tanh(u)^2 -> 4 sigmoid(2u) sigmoid(-2u) "
           "(passes/simplify.py): GPT-2's spelled-out GELU becomes the sigmoid form, its backward computes no tanh. "
           "Off: the graph keeps the tanh.")
+_register("inplace_scatter", bool, lambda: True,
+          "A scatter (index_put, index_copy, scatter_add, slice_scatter) whose destination is an intermediate "
+          "that dies there writes into it (runtime/memory.py); off: into a copy of it, as torch's functional op does.")
 _register("gemm_pingpong", bool, lambda: True,
           "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096 (K >= 512 when the epilogue "
           "computes an activation), A read along K and an epilogue beyond a bias also get the warp-specialized "

@@ -324,8 +324,10 @@ def _scatter_pairs(kernel: Any) -> list[tuple[int, int]]:
     index_copy, scatter_add, slice_scatter) whose destination, input 0, has the output's shape, dtype
     and strides: its in-place form can write into the destination instead of a copy of it."""
     from ..ops.scatter import INPLACE_FORMS
+    from ..settings import settings
 
-    if kernel.backend != "reference" or kernel.kind != "library" or len(kernel.nodes) != 1:
+    if not settings.inplace_scatter or kernel.backend != "reference" or kernel.kind != "library" \
+            or len(kernel.nodes) != 1:
         return []
     node = kernel.nodes[0]
     if node.op not in INPLACE_FORMS or node.multi_output or not kernel.inputs or kernel.inputs[0] is not node.inputs[0]:
