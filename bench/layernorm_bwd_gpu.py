@@ -5,7 +5,7 @@ kernel with its shipped candidates (codegen/configs._row_column_configs, tuned) 
 a wider grid of tile rows, warps, rows per program and pipeline stages, each against the bytes'
 floor.
 
-    PYTHONPATH=src python bench/layernorm_bwd_gpu.py [--tokens 8192 --features 768] [--sweep]
+    PYTHONPATH=src python bench/layernorm_bwd_gpu.py [--tokens 8192 --features 768] [--sweep] [--profile]
 
 Text to stdout and $OUT/layernorm_bwd.txt when OUT is set.
 """
@@ -74,11 +74,33 @@ def sweep(rows: int, cols: int, extent: int | None = None) -> list[dict[str, Any
     return out
 
 
+SHIPPED = configs._row_column_configs
+
+
+def profile_kernels(plan: Any, args_: tuple[torch.Tensor, ...], say: Any, calls: int = 20) -> None:
+    """Each CUDA kernel's mean duration over `calls` back-to-back calls of the plan (torch.profiler):
+    the row pass and its finish kernel apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        plan(*args_)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            plan(*args_)
+        torch.cuda.synchronize()
+    for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+        if ev.device_time_total > 0 and ev.count >= calls:
+            say(f"      {ev.key[:70]:70s} {ev.device_time_total / ev.count:8.2f} us x{ev.count // calls} a call")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--features", type=int, default=768)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-kernel durations (row pass, finish) under torch.profiler; finish tiles FROWS 4-16")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
 
@@ -126,6 +148,17 @@ def main() -> None:
             lambda: plan(*args_))
 
     tuned("shipped candidates")
+    if args.profile:
+        profile_kernels(graph(n, d).build(device="cuda"), args_, say)
+        for frows in (4, 8, 16):
+            configs._row_column_configs = lambda rows, cols, extent=None, f=frows: [   # type: ignore[assignment]
+                {**c, "FROWS": min(c["FROWS"], f)} for c in SHIPPED(rows, cols, extent)]
+            with override(tune="full"):
+                plan = graph(n, d).build(device="cuda")
+            say(f"FROWS <= {frows}: chosen {[k.config for k in plan.kernels if k.backend == 'triton'][:1]}")
+            row(f"fusegraph FROWS <= {frows}", lambda plan=plan: plan(*args_))
+            profile_kernels(plan, args_, say)
+        configs._row_column_configs = SHIPPED   # type: ignore[assignment]
     if args.sweep:
         configs._row_column_configs = sweep   # type: ignore[assignment]
         tuned("sweep")
