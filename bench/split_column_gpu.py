@@ -6,7 +6,7 @@ config and tuned), the column sum of dh alone (every config of codegen/configs.S
 kernel (every config of SPLIT_STORE_TILES; --sweep: wider lists for both, pipeline stages included);
 then a vocabulary-wide log-sum-exp (the cross-entropy forward's row statistic), its candidates timed.
 
-    PYTHONPATH=src python bench/split_column_gpu.py [--tokens 8192 --features 3072] [--sweep]
+    PYTHONPATH=src python bench/split_column_gpu.py [--tokens 8192 --features 3072] [--sweep] [--wide]
 
 Text to stdout and $OUT/split_column.txt when OUT is set.
 """
@@ -37,6 +37,11 @@ SWEEP = tuple((k, r, w, t, st) for k, r, w, t in (
     (64, 32, 4, 1), (64, 32, 4, 2), (64, 32, 4, 4), (32, 32, 4, 2), (64, 16, 4, 4), (64, 16, 4, 2), (64, 8, 2, 8),
     (64, 64, 4, 2), (128, 16, 4, 4), (32, 32, 2, 4), (64, 16, 2, 4), (128, 32, 8, 2), (64, 32, 8, 2))
     for st in ((1, 2, 3) if t > 1 else (1,)))
+# wide tiles: a whole 512-2048-byte run of each token's features a tile (as the pointwise kernel reads it),
+# few tokens a tile, many tiles a program; the shipped best (64, 8, 2, 8, 3) for comparison
+WIDE = ((64, 8, 2, 8, 3), *((k, r, w, t, st) for k, r, w, t in (
+    (256, 8, 4, 4), (256, 8, 4, 8), (512, 4, 4, 8), (512, 4, 8, 8), (512, 8, 8, 4), (1024, 2, 8, 16),
+    (1024, 4, 8, 8), (1024, 2, 4, 16), (1024, 1, 4, 32), (256, 16, 8, 4)) for st in (2, 3)))
 # the column sum alone (partials only): (kept, reduced, warps, stages), configs.SPLIT_TILES' form
 SUM_SWEEP = tuple((k, r, w, st) for k, r, w in ((64, 64, 4), (32, 128, 4), (128, 32, 8), (64, 32, 4), (32, 64, 4),
                                                (64, 64, 8), (128, 64, 8))
@@ -73,6 +78,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--features", type=int, default=3072)
     parser.add_argument("--sweep", action="store_true", help="time the wider tile sweep, not only the shipped tiles")
+    parser.add_argument("--wide", action="store_true", help="the fused kernel's tiles: wide feature runs (WIDE)")
+    parser.add_argument("--no-logsumexp", action="store_true", help="skip the log-sum-exp part")
     args = parser.parse_args()
 
     def say(text: str) -> None:
@@ -106,6 +113,8 @@ def main() -> None:
     row(f"fusegraph dh only ({pw.kernels[0].config})", lambda: pw(dy, h))
     if args.sweep:
         configs.SPLIT_STORE_TILES, configs.SPLIT_TILES = SWEEP, SUM_SWEEP
+    if args.wide:
+        configs.SPLIT_STORE_TILES = WIDE
 
     def tuned(g: fg.Graph) -> Any:
         log = io.StringIO()
@@ -133,6 +142,8 @@ def main() -> None:
     say(f"fusegraph plan: {len(kernels)} kernel(s), chose {[k.config for k in kernels]}")
     row("fusegraph dh + bias grad (partials + finish)", lambda: plan(dy, h))
 
+    if args.no_logsumexp:
+        return
     # the cross-entropy forward's row statistic: log-sum-exp over a vocabulary-wide row (looped, online softmax)
     vocab = 50257
     logits = torch.randn(n, vocab, device="cuda", dtype=torch.bfloat16)
