@@ -38,9 +38,13 @@ What counts as "exact" here (each rule says which it relies on):
   16-bit dtype one rounding instead of two). The tanh form of GELU (GPT-2's, spelled out in Python)
   becomes 0.5 x * 2 sigmoid(2u), the form our gelu op computes (x sigmoid(2u)); in a GEMM epilogue
   the gelu op ran at 72 us where the spelled-out form took 101 (bench/results/gluon_gemm_fc_forms_20261203.txt;
-  the rewritten form itself not measured on the GPU yet). Likewise 1 - tanh(u)^2 (tanh's derivative,
-  in the backward) -> 4 sigmoid(2u) sigmoid(-2u): no cancellation as |tanh(u)| -> 1, and with the
-  forward's form recomputed in the backward the kernel computes sigmoid(2u) once and no tanh.
+  in GPT-2's step profile the forward GELU kernel went 32 -> 31 us: bench/results/profile_targets_20261203_0210.txt,
+  profile_gpt2_ranges_20261203.txt).
+  Likewise 1 - tanh(u)^2 (tanh's derivative, in the backward) -> 4 s (1 - s) with s = sigmoid(2u), the
+  same node as the forward's form recomputed in the backward: the kernel computes one exponential and one
+  reciprocal for both and no tanh (GELU's backward is near compute-bound: two sigmoids cost more). For
+  u <= 0 the product keeps its relative accuracy where 1 - t*t cancels (|t| -> 1); for u > 0 it
+  cancels as 1 - t*t does (1 - s from s rounded: absolute error a few ulp of 1).
 Rules that name ops need those ops registered; a rule about an unregistered op never matches.
 """
 
@@ -526,15 +530,15 @@ def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
 
 
 def _one_minus_tanh_squared(node: Node, t: Node, u: Node) -> Node | None:
-    """1 - tanh(u) * tanh(u) -> 4 sigmoid(2u) sigmoid(-2u) (see the module docstring), floats only."""
+    """1 - tanh(u) * tanh(u) -> 4 s (1 - s), s = sigmoid(2u) (see the module docstring), floats only."""
     if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype):
         return None
     if t.dtype != node.dtype or u.dtype != node.dtype:
         return None
     e = emitter_for(node)
-    up = e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
-    down = e.op("sigmoid", e.op("mul", u, e.scalar(-2.0, node.dtype)))
-    return rebuild(node, "mul", [e.op("mul", up, down), e.scalar(4.0, node.dtype)])
+    sig = e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
+    rest = e.op("sub", e.scalar(1.0, node.dtype), sig)
+    return rebuild(node, "mul", [e.op("mul", sig, rest), e.scalar(4.0, node.dtype)])
 
 
 VIEWS = ("permute", "transpose")
