@@ -178,10 +178,11 @@ def plan_items(graph: Graph) -> tuple[list[Any], dict[int, Any]]:
     """The partition lower_fused turns into kernels, in order (fusion groups, matmul and conv groups
     with their claimed epilogues, single nodes), and the nodes computed as strided views of their input."""
     from .fusion.epilogue import claim_epilogues
+    from .fusion.horizontal import combine_sources
     from .fusion.views import alias_kernel_specs
 
     aliases = alias_kernel_specs(graph)   # views computed by torch as strided views: no copy
-    return claim_epilogues(partition_graph(graph, aliases).items, graph), aliases
+    return combine_sources(claim_epilogues(partition_graph(graph, aliases).items, graph), graph), aliases
 
 
 def lower_fused(graph: Graph, device: str, options: dict[str, Any] | None = None) -> list[Kernel]:
@@ -393,6 +394,8 @@ def _example_inputs(nodes: Sequence[Node], device: str) -> list[torch.Tensor]:
 
 
 def _summary(group: KernelGroup) -> str:
+    if not isinstance(group, KernelGroup):   # a combo of several groups (fusion/horizontal.py)
+        return f"combo{len(getattr(group, 'members', ()))}_" + _summary(group.members[0])  # type: ignore[attr-defined]
     ops = [n.op for n in group.nodes if n.op not in ("cast",)]
     picked: list[str] = []
     for op in ops:

@@ -127,6 +127,9 @@ _register("tanh_as_sigmoid", bool, lambda: True,
 _register("inplace_scatter", bool, lambda: True,
           "A scatter (index_put, index_copy, scatter_add, slice_scatter) whose destination is an intermediate "
           "that dies there writes into it (runtime/memory.py); off: into a copy of it, as torch's functional op does.")
+_register("horizontal_fusion", bool, lambda: True,
+          "Independent pointwise kernels that read only graph inputs element for element (a training step's "
+          "weight casts to the autocast dtype) run as one combo kernel (fusion/horizontal.py, codegen/combo.py).")
 _register("gemm_pingpong", bool, lambda: True,
           "On a Hopper GPU (compute capability 9), large 16-bit GEMMs with K >= 4096 (K >= 512 when the epilogue "
           "computes an activation), A read along K and an epilogue beyond a bias also get the warp-specialized "

@@ -22,6 +22,8 @@ def _cdiv(a: int, b: int) -> int:
 
 def candidate_configs(gen: GeneratedKernel, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     options = options or {}
+    if gen.meta.get("combo"):   # a combo kernel's source is written for one BLOCK (codegen/combo.py)
+        return [dict(gen.meta["config"])]
     if gen.kind == "pointwise":
         cap = max(next_pow2(gen.extent), 16)
         out = [pointwise_heuristic(gen.extent)]
@@ -184,6 +186,8 @@ def launch_parameters(gen: GeneratedKernel,
                       config: dict[str, Any]) -> tuple[list[tuple[int, ...]], dict[str, Any], int]:
     """(grid of each launch, constexprs in signature order, num_warps) for one config."""
     warps = int(config.get("num_warps", 4))
+    if gen.meta.get("combo"):   # programs handed out member after member (codegen/combo.py)
+        return [(int(gen.meta["combo"]),)], {"BLOCK": int(config["BLOCK"])}, warps
     if gen.kind == "pointwise":
         block = int(config["BLOCK"])
         if gen.meta.get("row_tiled"):

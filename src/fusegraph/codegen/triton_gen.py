@@ -65,6 +65,12 @@ class GeneratedKernel:
 
 
 def generate(group: KernelGroup, name: str) -> GeneratedKernel:
+    from ..fusion.horizontal import ComboGroup
+
+    if isinstance(group, ComboGroup):
+        from .combo import write_combo
+
+        return write_combo(group, name)
     if group.domain.is_reduction:
         if group.splittable:
             from .column_split import ColumnSplitWriter
@@ -411,10 +417,12 @@ class _PointwiseWriter(_Writer):
             off = "offs" if self._linear(e, contiguous) else self.offset(e.node, e.emb, dimvar)
             self.emit(f"tl.store({out} + {off}, ({self.expr[e.key]}).to({out}.dtype.element_ty), mask=mask)")
 
-    def _write_flat(self, order: tuple[int, ...]) -> None:
+    def _write_flat(self, order: tuple[int, ...], pid: str = "") -> None:
+        """The flat body: program `pid` (default: this launch's program id) covers BLOCK elements of
+        the domain walked in `order` (a combo kernel passes its member's block number: codegen/combo.py)."""
         shape = self.domain.shape
         numel = math.prod(shape)
-        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        pid = pid or ("tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)")
         self.emit(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
         self.emit(f"mask = offs < {numel}")
         self.zero_index = "offs * 0"

@@ -1,0 +1,119 @@
+"""Horizontal fusion: independent elementwise kernels that read only graph inputs become one launch.
+
+A training step under autocast casts every weight to the 16-bit dtype at its start, one small kernel
+per weight (GPT-2-124M: 48 casts of 0.6-2.4 M elements, a few microseconds each, mostly launch
+and ramp). Nothing orders them but their readers, so they can all run first, in one kernel whose
+programs are split between them: a combo kernel (codegen/combo.py), program p running member i's
+flat pointwise body for the p - start(i)'th block of its elements.
+
+Which kernels join (`combinable`): a plain pointwise KernelGroup whose every load is a whole graph
+input read element for element in row-major order (no broadcast, gather, view or index generator)
+and whose every store is a row-major full-size output; no 64-bit offsets. Running them first makes
+their outputs live from the start of the plan: only outputs the plan returns anyway (a cast weight
+saved for the backward) move for free, so kernels with outputs the plan does not return join only
+while those add up to at most COMBO_TEMP_BYTES. At most COMBO_MAX_MEMBERS kernels a combo (the
+kernel's source grows with each; more make another combo).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..ir.graph import Graph
+from ..ir.node import Node
+from ..ir.spec import contiguous_strides
+from ..settings import settings
+from .partition import Entry, KernelGroup
+
+COMBO_MAX_MEMBERS = 64
+COMBO_TEMP_BYTES = 32 << 20      # outputs the plan does not return, brought forward: at most this many bytes
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class ComboGroup:
+    """One kernel running several independent pointwise KernelGroups side by side (see the module doc)."""
+
+    members: list[KernelGroup] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "pointwise"
+
+    @property
+    def inputs(self) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for m in self.members:
+            for n in m.inputs:
+                seen.setdefault(n.id, n)
+        return list(seen.values())
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [e for m in self.members for e in m.entries]
+
+    @property
+    def loads(self) -> list[Entry]:
+        return [e for m in self.members for e in m.loads]
+
+    @property
+    def stores(self) -> list[Entry]:
+        return [e for m in self.members for e in m.stores]
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for m in self.members for n in m.nodes]
+
+
+def _row_major(node: Node) -> bool:
+    return tuple(node.spec.memory_strides) == tuple(contiguous_strides(node.shape))
+
+
+def combinable(group: object) -> bool:
+    """A pointwise group reading only whole graph inputs element for element (see the module doc)."""
+    if type(group) is not KernelGroup or group.kind != "pointwise" or not group.stores:
+        return False
+    shape = tuple(group.domain.shape)
+    numel = math.prod(shape)
+    if numel == 0 or numel > INT32_LIMIT:
+        return False
+    identity = tuple(range(len(shape)))
+    for e in group.entries:
+        if e.kind not in ("load", "op", "literal"):
+            return False
+        if e.kind == "load" and (e.node.op != "input" or tuple(e.node.shape) != shape or tuple(e.emb) != identity
+                                 or not _row_major(e.node) or e.node.multi_output):
+            return False
+    return all(tuple(e.node.shape) == shape and tuple(e.emb) == identity and _row_major(e.node)
+               for e in group.stores)
+
+
+def combine_sources(items: list[object], graph: Graph) -> list[object]:
+    """`items` with the combinable pointwise groups merged into ComboGroups, each at its first
+    member's place (their inputs are graph inputs: nothing before it computes them)."""
+    if not settings.horizontal_fusion:
+        return items
+    returned = {n.id for n in graph.outputs}
+    picked: list[int] = []
+    temp_bytes = 0
+    for k, item in enumerate(items):
+        if not combinable(item):
+            continue
+        assert isinstance(item, KernelGroup)
+        temp = sum(e.node.spec.nbytes for e in item.stores if e.node.id not in returned)
+        if temp and temp_bytes + temp > COMBO_TEMP_BYTES:
+            continue
+        temp_bytes += temp
+        picked.append(k)
+    if len(picked) < 2:
+        return items
+    chunks = [picked[i:i + COMBO_MAX_MEMBERS] for i in range(0, len(picked), COMBO_MAX_MEMBERS)]
+    place: dict[int, ComboGroup] = {}
+    dropped: set[int] = set()
+    for chunk in chunks:
+        if len(chunk) < 2:
+            continue
+        place[chunk[0]] = ComboGroup([items[k] for k in chunk])   # type: ignore[misc]
+        dropped.update(chunk[1:])
+    return [place.get(k, item) for k, item in enumerate(items) if k not in dropped]
