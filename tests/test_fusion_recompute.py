@@ -133,8 +133,10 @@ def _train_step(layers: int) -> tuple[list[str], list[torch.Tensor], list[torch.
     compiled = fg.compile(model)
     (compiled(x) * projection).sum().backward()
     grads = _grads(model)
-    lines = [line for rec in compiled.fusegraph_report.graphs if rec.kind == "backward"
-             for p in rec.partitions for line in p.kernel_ops]
+    # vertical chains only: a combo kernel (fusion/horizontal.py) runs independent kernels side by side
+    lines = [f"{k.kind}/{k.backend}: {'+'.join(k.ops)}" for rec in compiled.fusegraph_report.graphs
+             if rec.kind == "backward" for p in rec.partitions if p.plan is not None
+             for k in p.plan.kernels if k.kind != "view" and "combo" not in k.name]
     torch._dynamo.reset()
     return lines, grads, eager
 
