@@ -101,8 +101,8 @@ def test_members_split_into_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_autocast_mlp_training_casts_its_weights_in_one_kernel() -> None:
-    """A training step under fp16 autocast: the forward's weight casts are one combo kernel; the loss
-    and every gradient match eager."""
+    """A training step under fp16 autocast: the forward's weight and bias casts are one combo kernel; the
+    loss and every gradient match eager."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 80),
                                 torch.nn.ReLU(), torch.nn.Linear(80, 16))
@@ -125,7 +125,10 @@ def test_autocast_mlp_training_casts_its_weights_in_one_kernel() -> None:
     combos = [k for k in kernels if "combo" in k.name]
     assert len(combos) == 1
     cast = sorted(tuple(o.shape) for o in combos[0].outputs)
-    assert {(96, 64), (80, 96), (16, 80)} <= set(cast), cast   # the three weights (and the input x), to fp16
+    # the three weights, the three biases (split out of the GEMM epilogues) and the input x, to fp16
+    assert {(96, 64), (80, 96), (16, 80), (96,), (80,), (16,)} <= set(cast), cast
+    gemms = [k for k in kernels if k.kind == "matmul"]
+    assert len(gemms) == 3 and all("cast" not in k.ops for k in gemms)   # each reads its fp16 bias
     torch._dynamo.reset()
 
 

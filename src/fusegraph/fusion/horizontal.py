@@ -13,6 +13,10 @@ their outputs live from the start of the plan: only outputs the plan returns any
 saved for the backward) move for free, so kernels with outputs the plan does not return join only
 while those add up to at most COMBO_TEMP_BYTES. At most COMBO_MAX_MEMBERS kernels a combo (the
 kernel's source grows with each; more make another combo).
+
+A GEMM epilogue's cast of a graph input (an fp32 bias added to a 16-bit product) is first made a group
+of its own (_split_input_casts), so it joins too: cuBLAS's bias epilogue wants the product's dtype, and
+its launcher cast the bias with one more torch kernel a GEMM a call (GPT-2's step: 48 of them).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ..ir.graph import Graph
 from ..ir.node import Node
 from ..ir.spec import contiguous_strides
 from ..settings import settings
-from .partition import Entry, KernelGroup
+from .partition import Domain, Entry, KernelGroup
 
 COMBO_MAX_MEMBERS = 64
 COMBO_TEMP_BYTES = 32 << 20      # outputs the plan does not return, brought forward: at most this many bytes
@@ -89,11 +93,60 @@ def combinable(group: object) -> bool:
                for e in group.stores)
 
 
+def _split_input_casts(items: list[object]) -> list[object]:
+    """A GEMM epilogue that casts a graph input (a linear layer's fp32 bias under autocast) reads the
+    cast value instead, made by a pointwise group of its own placed before the GEMM: a candidate for the
+    combo. cuBLAS then gets the bias in the product's dtype (its launcher cast it, one torch kernel a
+    GEMM a call); our GEMM kernels load the 16-bit vector in place of the fp32 one."""
+    from .epilogue import MatmulGroup
+
+    out: list[object] = []
+    for item in items:
+        if isinstance(item, MatmulGroup) and not item.reductions:
+            for group in _input_casts(item.epilogue):
+                out.append(group)
+        out.append(item)
+    return out
+
+
+def _input_casts(epilogue: KernelGroup) -> list[KernelGroup]:
+    """Detach each `cast(graph input)` of `epilogue` (read as a broadcast vector) into its own group."""
+    by_key = {e.key: e for e in epilogue.entries}
+    readers: dict[str, int] = {}
+    for e in epilogue.entries:
+        for a in e.args:
+            readers[a] = readers.get(a, 0) + 1
+    made: list[KernelGroup] = []
+    for k, e in enumerate(list(epilogue.entries)):
+        if e.kind != "op" or e.node.op != "cast" or len(e.args) != 1 or e.node.multi_output:
+            continue
+        src = by_key.get(e.args[0])
+        if src is None or src.kind != "load" or src.node.op != "input" or not _row_major(src.node) \
+                or tuple(src.node.shape) != tuple(e.node.shape) or math.prod(e.node.shape) > (1 << 20):
+            continue
+        rank = len(e.node.shape)
+        identity = tuple(range(rank))
+        domain = Domain(tuple(e.node.shape))
+        load = Entry(f"{src.key}", src.node, identity, "load")
+        cast = Entry(e.key, e.node, identity, "op", (load.key,))
+        made.append(KernelGroup(domain, [e.node], entries=[load, cast], stores=[cast], loads=[load]))
+        loaded = Entry(e.key, e.node, e.emb, "load", (), e.full, e.stage)
+        epilogue.entries[k] = loaded
+        epilogue.loads.append(loaded)
+        readers[src.key] -= 1
+        if readers[src.key] == 0 and not any(st.key == src.key for st in epilogue.stores):
+            epilogue.entries.remove(src)
+            epilogue.loads.remove(src)
+    return made
+
+
 def combine_sources(items: list[object], graph: Graph) -> list[object]:
     """`items` with the combinable pointwise groups merged into ComboGroups, each at its first
     member's place (their inputs are graph inputs: nothing before it computes them)."""
     if not settings.horizontal_fusion:
         return items
+    if sum(combinable(item) for item in items) >= 2:
+        items = _split_input_casts(items)
     returned = {n.id for n in graph.outputs}
     picked: list[int] = []
     temp_bytes = 0
