@@ -68,6 +68,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
     `seen` already holds."""
     from ..codegen.gemm_configs import candidate_set
     from ..fusion.epilogue import ConvGroup, MatmulGroup
+    from ..fusion.horizontal import ComboGroup
     from ..fusion.partition import KernelGroup, RowColumnGroup
     from ..ir.node import Node
     from . import triton_conv
@@ -95,7 +96,7 @@ def precompile_jobs(items: Sequence[Any], device: str, options: dict[str, Any], 
             add(k, triton_conv.warmup_jobs, item.compute, device, bool(options.get("allow_tf32", False)), seen)
             if item.epilogue_nodes:
                 add(k, fused_warmup_jobs, item.epilogue, k, device, options, seen=seen, name=f"fg_k{k}_conv_epilogue")
-        elif isinstance(item, KernelGroup):
+        elif isinstance(item, (KernelGroup, ComboGroup)):
             add(k, fused_warmup_jobs, item, k, device, options, seen=seen)
         elif isinstance(item, Node) and item.op in ATTENTION_OPS:
             add(k, lambda: attention_warmup_jobs(item, device) if first_time(
