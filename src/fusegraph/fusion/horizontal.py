@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir.graph import Graph
 from ..ir.node import Node
@@ -54,21 +55,14 @@ class ComboGroup:
                 seen.setdefault(n.id, n)
         return list(seen.values())
 
-    @property
-    def entries(self) -> list[Entry]:
-        return [e for m in self.members for e in m.entries]
+    def _joined(self, attr: str) -> list[Any]:
+        """The members' `attr` lists, one after another."""
+        return [x for m in self.members for x in getattr(m, attr)]
 
-    @property
-    def loads(self) -> list[Entry]:
-        return [e for m in self.members for e in m.loads]
-
-    @property
-    def stores(self) -> list[Entry]:
-        return [e for m in self.members for e in m.stores]
-
-    @property
-    def nodes(self) -> list[Node]:
-        return [n for m in self.members for n in m.nodes]
+    entries = property(lambda self: self._joined("entries"))
+    loads = property(lambda self: self._joined("loads"))
+    stores = property(lambda self: self._joined("stores"))
+    nodes = property(lambda self: self._joined("nodes"))
 
 
 def _row_major(node: Node) -> bool:
@@ -94,7 +88,7 @@ def combinable(group: object) -> bool:
                for e in group.stores)
 
 
-def _split_input_casts(items: list[object]) -> list[object]:
+def _split_input_casts(items: list[Any]) -> list[Any]:
     """A GEMM epilogue that casts a graph input (a linear layer's fp32 bias under autocast) reads the
     cast value instead, made by a pointwise group of its own placed before the GEMM: a candidate for the
     combo. cuBLAS then gets the bias in the product's dtype (its launcher cast it, one torch kernel a
@@ -141,7 +135,7 @@ def _input_casts(epilogue: KernelGroup) -> list[KernelGroup]:
     return made
 
 
-def combine_sources(items: list[object], graph: Graph) -> list[object]:
+def combine_sources(items: list[Any], graph: Graph) -> list[Any]:
     """`items` with the combinable pointwise groups merged into ComboGroups, each at its first
     member's place (their inputs are graph inputs: nothing before it computes them)."""
     if not settings.horizontal_fusion:
