@@ -91,6 +91,25 @@ def test_outputs_brought_forward_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
         assert_close(got, want, what="temps")
 
 
+def test_an_epilogues_casts_of_inputs_join_the_combo() -> None:
+    """Two fp32 vectors cast and added in one GEMM epilogue: both casts leave the epilogue for the combo
+    (one group each, however the epilogue's entries shift), the GEMM reads the fp16 vectors."""
+    g = fg.Graph("epilogue_casts", compute_dtype="float32")
+    x = g.tensor((32, 64), dtype="float16", name="x")
+    w, b1, b2 = g.tensor((64, 48), name="w"), g.tensor((48,), name="b1"), g.tensor((48,), name="b2")
+    y = g.add(g.add(g.matmul(x, g.cast(w, "float16")), g.cast(b1, "float16")), g.cast(b2, "float16"))
+    y.set_output()
+    g.cast(g.tensor((100,), name="v"), "float16").set_output()
+    plan = g.build(device="cpu")
+    combo = next(k for k in plan.kernels if "combo" in k.name)
+    assert sorted(tuple(o.shape) for o in combo.outputs) == [(48,), (48,), (64, 48), (100,)]
+    gemm = next(k for k in plan.kernels if k.kind == "matmul")
+    assert gemm.ops == ["matmul", "add", "add"] and [i.dtype for i in gemm.inputs] == ["float16"] * 4
+    args = [torch.randn(32, 64).half(), torch.randn(64, 48), torch.randn(48), torch.randn(48), torch.randn(100)]
+    for got, want in zip(plan(*args), fg.reference(g)(*args), strict=True):
+        assert_close(got, want, what="epilogue casts")
+
+
 def test_members_split_into_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(horizontal, "COMBO_MAX_MEMBERS", 2)
     g = fg.Graph("chunks", compute_dtype="float32")

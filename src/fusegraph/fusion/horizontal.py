@@ -95,44 +95,48 @@ def _split_input_casts(items: list[Any]) -> list[Any]:
     GEMM a call); our GEMM kernels load the 16-bit vector in place of the fp32 one."""
     from .epilogue import MatmulGroup
 
+    stored = {e.node.id for item in items if isinstance(item, (KernelGroup, MatmulGroup)) for e in item.stores}
+    made: set[int] = set()   # casts detached already (one cast node in two epilogues: made once, first)
     out: list[object] = []
     for item in items:
         if isinstance(item, MatmulGroup) and not item.reductions:
-            for group in _input_casts(item.epilogue):
-                out.append(group)
+            out.extend(_input_casts(item.epilogue, stored, made))
         out.append(item)
     return out
 
 
-def _input_casts(epilogue: KernelGroup) -> list[KernelGroup]:
-    """Detach each `cast(graph input)` of `epilogue` (read as a broadcast vector) into its own group."""
+def _input_casts(epilogue: KernelGroup, stored: set[int], made: set[int]) -> list[KernelGroup]:
+    """Detach each `cast(graph input)` of `epilogue` (read as a broadcast vector) into its own group;
+    not a cast another kernel stores, and one detached from an earlier epilogue is only loaded."""
     by_key = {e.key: e for e in epilogue.entries}
     readers: dict[str, int] = {}
     for e in epilogue.entries:
         for a in e.args:
             readers[a] = readers.get(a, 0) + 1
-    made: list[KernelGroup] = []
-    for k, e in enumerate(list(epilogue.entries)):
+    groups: list[KernelGroup] = []
+    for e in list(epilogue.entries):
         if e.kind != "op" or e.node.op != "cast" or len(e.args) != 1 or e.node.multi_output:
             continue
         src = by_key.get(e.args[0])
         if src is None or src.kind != "load" or src.node.op != "input" or not _row_major(src.node) \
-                or tuple(src.node.shape) != tuple(e.node.shape) or math.prod(e.node.shape) > (1 << 20):
+                or tuple(src.node.shape) != tuple(e.node.shape) or math.prod(e.node.shape) > (1 << 20) \
+                or e.node.id in stored:
             continue
-        rank = len(e.node.shape)
-        identity = tuple(range(rank))
-        domain = Domain(tuple(e.node.shape))
-        load = Entry(f"{src.key}", src.node, identity, "load")
-        cast = Entry(e.key, e.node, identity, "op", (load.key,))
-        made.append(KernelGroup(domain, [e.node], entries=[load, cast], stores=[cast], loads=[load]))
+        if e.node.id not in made:
+            made.add(e.node.id)
+            identity = tuple(range(len(e.node.shape)))
+            load = Entry(src.key, src.node, identity, "load")
+            cast = Entry(e.key, e.node, identity, "op", (load.key,))
+            groups.append(KernelGroup(Domain(tuple(e.node.shape)), [e.node], entries=[load, cast], stores=[cast],
+                                      loads=[load]))
         loaded = Entry(e.key, e.node, e.emb, "load", (), e.full, e.stage)
-        epilogue.entries[k] = loaded
+        epilogue.entries[epilogue.entries.index(e)] = loaded   # (an earlier removal may have shifted it)
         epilogue.loads.append(loaded)
         readers[src.key] -= 1
         if readers[src.key] == 0 and not any(st.key == src.key for st in epilogue.stores):
             epilogue.entries.remove(src)
             epilogue.loads.remove(src)
-    return made
+    return groups
 
 
 def combine_sources(items: list[Any], graph: Graph) -> list[Any]:
