@@ -394,8 +394,9 @@ def _example_inputs(nodes: Sequence[Node], device: str) -> list[torch.Tensor]:
 
 
 def _summary(group: KernelGroup) -> str:
-    if not isinstance(group, KernelGroup):   # a combo of several groups (fusion/horizontal.py)
-        return f"combo{len(getattr(group, 'members', ()))}_" + _summary(group.members[0])  # type: ignore[attr-defined]
+    if not isinstance(group, KernelGroup):   # a ComboGroup of several groups (fusion/horizontal.py)
+        members = group.members  # type: ignore[attr-defined]
+        return f"combo{len(members)}_" + _summary(members[0])
     ops = [n.op for n in group.nodes if n.op not in ("cast",)]
     picked: list[str] = []
     for op in ops:

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from ..fusion.horizontal import ComboGroup
-from .triton_gen import GeneratedKernel, _PointwiseWriter, jit_head
+from .triton_gen import HEADER, GeneratedKernel, _PointwiseWriter, jit_head
 
 COMBO_BLOCK = 1024
 COMBO_WARPS = 4
@@ -49,7 +49,7 @@ def write_combo(group: ComboGroup, name: str, block: int = COMBO_BLOCK) -> Gener
         start += programs
     params = ", ".join([in_names[n.id] for n in inputs] + out_names + ["BLOCK: tl.constexpr"])
     head = [jit_head(name, params)]
-    source = _PointwiseWriter(group.members[0], name).module(head + body)
+    source = HEADER + "\n".join(head + body) + "\n"
     return GeneratedKernel(name, source, "pointwise", inputs, outputs,
                            extent=sum(math.prod(m.domain.shape) for m in group.members),
                            meta={"combo": start, "config": {"BLOCK": block, "num_warps": COMBO_WARPS}})

@@ -253,17 +253,15 @@ def _inplace_index_put_infer(specs: Sequence[TensorSpec], a: Attrs) -> TensorSpe
 
 
 def _inplace_index_copy_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    x, index, source = xs
-    return x.index_copy_(a["dim"] % max(x.dim(), 1), index.long(), source)
+    from ..ops.scatter import INPLACE_FORMS  # the in-place forms the memory plan also runs
+
+    return INPLACE_FORMS["index_copy"](xs, a)
 
 
 def _inplace_index_put_ref(xs: list[torch.Tensor], a: Any) -> torch.Tensor:
-    x, values, *indices = xs
-    dims = tuple(a["index_dims"])
-    full: list[torch.Tensor | None] = [None] * (dims[-1] + 1)
-    for d, index in zip(dims, indices, strict=True):
-        full[d] = index if index.dtype == torch.int64 else index.long()
-    return torch.ops.aten.index_put_.default(x, full, values, False)
+    from ..ops.scatter import INPLACE_FORMS
+
+    return INPLACE_FORMS["index_put"](xs, a)   # accumulate=False: the shape rule refuses an accumulation
 
 
 def _index_put_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], a: Attrs) -> Cost:

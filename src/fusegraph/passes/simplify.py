@@ -517,26 +517,30 @@ def _add_broadcast_zero(node: Node, x: Node, z: Node) -> Node | None:
     return x if x.shape == node.shape and x.dtype == node.dtype else None
 
 
-def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
-    """1 + tanh(u) -> 2 * sigmoid(2 u) (see the module docstring), floats only."""
-    if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype):
-        return None
-    if t.dtype != node.dtype or u.dtype != node.dtype:
+def _sigmoid_2u(node: Node, t: Node, u: Node) -> tuple[Emitter, Node] | None:
+    """(emitter, sigmoid(2u)) for the tanh rules below: floats of one dtype, settings.tanh_as_sigmoid on.
+    Both rules build the same sigmoid(2u) node, so CSE keeps one where both apply (GELU's backward)."""
+    if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype) or not t.dtype == u.dtype == node.dtype:
         return None
     e = emitter_for(node)
-    two = e.scalar(2.0, node.dtype)
-    sigmoid = e.op("sigmoid", e.op("mul", u, two))
-    return rebuild(node, "mul", [sigmoid, two])
+    return e, e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
+
+
+def _one_plus_tanh(node: Node, t: Node, u: Node) -> Node | None:
+    """1 + tanh(u) -> 2 * sigmoid(2 u) (see the module docstring)."""
+    made = _sigmoid_2u(node, t, u)
+    if made is None:
+        return None
+    e, sig = made
+    return rebuild(node, "mul", [sig, e.scalar(2.0, node.dtype)])
 
 
 def _one_minus_tanh_squared(node: Node, t: Node, u: Node) -> Node | None:
-    """1 - tanh(u) * tanh(u) -> 4 s (1 - s), s = sigmoid(2u) (see the module docstring), floats only."""
-    if not settings.tanh_as_sigmoid or not dtypes.is_float(node.dtype):
+    """1 - tanh(u) * tanh(u) -> 4 s (1 - s), s = sigmoid(2u) (see the module docstring)."""
+    made = _sigmoid_2u(node, t, u)
+    if made is None:
         return None
-    if t.dtype != node.dtype or u.dtype != node.dtype:
-        return None
-    e = emitter_for(node)
-    sig = e.op("sigmoid", e.op("mul", u, e.scalar(2.0, node.dtype)))
+    e, sig = made
     rest = e.op("sub", e.scalar(1.0, node.dtype), sig)
     return rebuild(node, "mul", [e.op("mul", sig, rest), e.scalar(4.0, node.dtype)])
 
